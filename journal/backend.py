@@ -1,0 +1,85 @@
+"""The storage contract every journal backend honours (Kafka, files).
+
+A backend stores opaque keyed records on two streams and knows nothing of
+events, rollouts or fencing; ``journal.Journal`` builds those on top. It must:
+
+- ``commit`` a batch atomically: after a crash either every record of the batch
+  is readable or none is;
+- hand back committed records only (Kafka ``read_committed``; the file
+  backend's commit markers), in log order per partition;
+- report a record it cannot read as a ``StoredRecord`` with ``error`` set,
+  and keep reading after it, so one bad record never hides the good ones.
+"""
+
+from __future__ import annotations
+
+import enum
+import zlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from .errors import RecordLocation
+
+
+class Stream(enum.Enum):
+    EVENTS = "events"  # long retention: the audit trail; key = rollout_id
+    SNAPSHOTS = "snapshots"  # compacted: latest value per key survives; None value = tombstone
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    stream: Stream
+    key: str
+    value: bytes | None  # None: a tombstone (snapshots stream only)
+    partition_key: str  # records sharing it share a partition (the rollout id)
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    key: str
+    value: bytes | None
+    location: RecordLocation
+    error: str | None = None  # set when the backend could not read the record's bytes
+
+
+def partition_for(partition_key: str, partitions: int) -> int:
+    """Stable partition of a rollout: CRC-32 of its id, the same in every process and backend."""
+    return zlib.crc32(partition_key.encode()) % partitions
+
+
+class Backend(ABC):
+    """Durable, ordered, atomic storage of keyed records."""
+
+    kind: str
+    partitions: int
+
+    @abstractmethod
+    def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
+        """Write ``records`` atomically and durably; their locations, in order.
+
+        Raises ``AbortableCommitError`` when nothing was written and the batch
+        may be redone, ``FatalJournalError`` when this writer must stop.
+        """
+
+    @abstractmethod
+    def end_offset(self, partition: int) -> int:
+        """The offset the next committed event record of ``partition`` will have at least."""
+
+    @abstractmethod
+    def read_events(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
+        """Committed event records of one partition from ``from_offset`` to the current end."""
+
+    @abstractmethod
+    def read_snapshots(self) -> Iterator[StoredRecord]:
+        """Every retained snapshot record, in log order per partition (later wins)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release connections, files and locks. Idempotent."""
+
+    def __enter__(self) -> "Backend":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,143 @@
+"""Avro single-object encoding of journal records.
+
+Wire format (Avro spec): ``C3 01`` + 8-byte little-endian CRC-64-AVRO
+fingerprint of the writer schema + the Avro binary body. The fingerprint names
+the writer schema without a registry; the reader resolves any kept writer
+version to the current reader schema of that record type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import numpy as np
+from fastavro import schemaless_reader, schemaless_writer
+
+import schemas
+from schemas import SchemaVersion
+
+from .errors import CorruptRecordError, RecordLocation, UnknownSchemaError
+from .events import EVENT_TYPES, NESTED_TYPES, Record
+
+MAGIC = b"\xc3\x01"
+PREFIX_LEN = 10
+
+
+class _Kind(Enum):
+    PLAIN = 0
+    PACKED = 1
+    NESTED = 2
+    NESTED_LIST = 3
+
+
+@dataclass(frozen=True)
+class _FieldPlan:
+    name: str
+    kind: _Kind
+    dtype: str | None = None
+    cls: type | None = None
+
+
+def _plan(cls: type) -> tuple[_FieldPlan, ...]:
+    plans = []
+    for f in dataclasses.fields(cls):
+        if "dtype" in f.metadata:
+            plans.append(_FieldPlan(f.name, _Kind.PACKED, dtype=f.metadata["dtype"]))
+        elif f.name in NESTED_TYPES:
+            kind = _Kind.NESTED_LIST if f.name == "messages" else _Kind.NESTED
+            plans.append(_FieldPlan(f.name, kind, cls=NESTED_TYPES[f.name]))
+        else:
+            plans.append(_FieldPlan(f.name, _Kind.PLAIN))
+    return tuple(plans)
+
+
+_PLANS: dict[type, tuple[_FieldPlan, ...]] = {
+    cls: _plan(cls) for cls in (*EVENT_TYPES, *set(NESTED_TYPES.values()))
+}
+
+
+def to_avro_dict(obj: Any) -> dict[str, Any]:
+    """A record dataclass as the dict fastavro writes; arrays become packed bytes."""
+    out: dict[str, Any] = {}
+    for p in _PLANS[type(obj)]:
+        value = getattr(obj, p.name)
+        if p.kind is _Kind.PACKED:
+            value = np.ascontiguousarray(value, dtype=p.dtype).tobytes()
+        elif p.kind is _Kind.NESTED:
+            value = None if value is None else to_avro_dict(value)
+        elif p.kind is _Kind.NESTED_LIST:
+            value = [to_avro_dict(v) for v in value]
+        out[p.name] = value
+    return out
+
+
+def from_avro_dict(cls: type, data: dict[str, Any]) -> Any:
+    """The inverse of :func:`to_avro_dict`; packed arrays become read-only views."""
+    kwargs: dict[str, Any] = {}
+    for p in _PLANS[cls]:
+        value = data[p.name]
+        if p.kind is _Kind.PACKED:
+            value = np.frombuffer(value, dtype=p.dtype)
+        elif p.kind is _Kind.NESTED:
+            value = None if value is None else from_avro_dict(p.cls, value)
+        elif p.kind is _Kind.NESTED_LIST:
+            value = [from_avro_dict(p.cls, v) for v in value]
+        kwargs[p.name] = value
+    return cls(**kwargs)
+
+
+class Codec:
+    """Encodes records with their current schema; decodes any kept version."""
+
+    def __init__(self) -> None:
+        self._types = {cls.RECORD: cls for cls in EVENT_TYPES}
+        self._current: dict[type, SchemaVersion] = {}
+        self._by_fingerprint: dict[bytes, tuple[type, SchemaVersion]] = {}
+        for name, versions in schemas.released_versions().items():
+            cls = self._types.get(name)
+            if cls is None:
+                raise RuntimeError(f"schema {versions[-1].path} has no event class in journal.events")
+            self._current[cls] = versions[-1]
+            for version in versions:
+                self._by_fingerprint[version.fingerprint] = (cls, version)
+
+    def encode(self, record: Record) -> bytes:
+        return self.encode_with(record, self._current[type(record)])
+
+    def encode_with(self, record: Record, version: SchemaVersion) -> bytes:
+        """Encode with a given (possibly old) writer schema; fields it lacks are dropped."""
+        buf = io.BytesIO()
+        buf.write(MAGIC)
+        buf.write(version.fingerprint)
+        schemaless_writer(buf, version.parsed, to_avro_dict(record))
+        return buf.getvalue()
+
+    def decode(self, data: bytes, location: RecordLocation) -> Record:
+        """Decode one record; errors name ``location``."""
+        if len(data) < PREFIX_LEN or data[:2] != MAGIC:
+            raise CorruptRecordError(location, f"bad magic {bytes(data[:2]).hex() or 'empty'} (expected c301)")
+        fp = bytes(data[2:PREFIX_LEN])
+        found = self._by_fingerprint.get(fp)
+        if found is None:
+            raise UnknownSchemaError(location, fp)
+        cls, writer = found
+        current = self._current[cls]
+        reader = None if writer is current else current.parsed
+        body = io.BytesIO(data)
+        body.seek(PREFIX_LEN)
+        try:
+            raw = schemaless_reader(body, writer.parsed, reader)
+        except Exception as exc:  # fastavro raises several types on garbage input
+            raise CorruptRecordError(location, f"Avro body of {cls.RECORD} v{writer.version} unreadable: {exc!r}") from exc
+        if body.tell() != len(data):
+            raise CorruptRecordError(location, f"{len(data) - body.tell()} trailing bytes after {cls.RECORD} body")
+        return from_avro_dict(cls, raw)
+
+    def record_type(self, data: bytes) -> type | None:
+        """The record class named by an encoded record's fingerprint, or None."""
+        found = self._by_fingerprint.get(bytes(data[2:PREFIX_LEN]))
+        return found[0] if found else None

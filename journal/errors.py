@@ -1,0 +1,88 @@
+"""Error types of the journal. Each names the record or setting at fault.
+
+Kafka errors follow librdkafka's classes: retriable errors are retried inside
+the backend and never surface; ``AbortableCommitError`` means the batch was
+aborted and may be redone; ``FatalJournalError`` (and its subclass
+``ProducerFencedError``) means this writer must stop and let the next attempt
+take over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RecordLocation:
+    """Where a record lives: a topic partition offset or a file position."""
+
+    source: str  # topic name or file path
+    partition: int
+    offset: int
+
+    def __str__(self) -> str:
+        if self.source.endswith(".seg") or "/" in self.source:
+            return f"file {self.source} position {self.offset}"
+        return f"topic {self.source} partition {self.partition} offset {self.offset}"
+
+
+class JournalError(Exception):
+    """Base class of every error the journal raises."""
+
+
+class ConfigurationError(JournalError):
+    """A setting is missing or invalid; the message names it."""
+
+
+class CorruptRecordError(JournalError):
+    """A record's bytes cannot be decoded (bad CRC, bad magic, bad Avro body)."""
+
+    def __init__(self, location: RecordLocation, reason: str) -> None:
+        super().__init__(f"corrupt record at {location}: {reason}")
+        self.location = location
+        self.reason = reason
+
+
+class UnknownSchemaError(CorruptRecordError):
+    """The record names a writer schema fingerprint this reader does not keep."""
+
+    def __init__(self, location: RecordLocation, fingerprint: bytes) -> None:
+        super().__init__(
+            location,
+            f"unknown writer schema fingerprint {fingerprint.hex()}; "
+            "upgrade rollout-journal or add the schema file to schemas/",
+        )
+        self.fingerprint = fingerprint
+
+
+class FencedWriteError(JournalError):
+    """An append from an attempt whose epoch is older than the rollout's current one."""
+
+    def __init__(self, rollout_id: str, epoch: int, current_epoch: int) -> None:
+        super().__init__(
+            f"rollout {rollout_id}: epoch {epoch} is fenced by epoch {current_epoch}; "
+            "this attempt was superseded and must stop"
+        )
+        self.rollout_id = rollout_id
+        self.epoch = epoch
+        self.current_epoch = current_epoch
+
+
+class WriterLockedError(JournalError):
+    """Another process holds the file journal's writer lock."""
+
+
+class AbortableCommitError(JournalError):
+    """The commit was aborted (librdkafka ``txn_requires_abort``); nothing of it is visible."""
+
+
+class FatalJournalError(JournalError):
+    """The writer can no longer commit; stop it and let the next attempt take over."""
+
+
+class ProducerFencedError(FatalJournalError):
+    """A newer producer with the same ``transactional.id`` took over this worker slot."""
+
+
+class JournalClosedError(JournalError):
+    """The journal was closed or failed fatally; no more appends are accepted."""

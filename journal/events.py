@@ -1,0 +1,181 @@
+"""Typed journal events, one dataclass per Avro record in ``schemas/``.
+
+Field names match the current reader schema. Token ids and logprobs are numpy
+arrays that the codec packs to little-endian bytes without copying element by
+element, and unpacks as read-only views over the record's bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import ClassVar, Union
+
+import numpy as np
+
+EMPTY_I32 = np.zeros(0, dtype="<i4")
+EMPTY_F32 = np.zeros(0, dtype="<f4")
+
+
+@dataclass(frozen=True)
+class Header:
+    rollout_id: str
+    group_id: str
+    attempt: int
+    epoch: int
+    turn: int
+    seq: int
+    ts_ms: int
+    writer: str
+
+    @staticmethod
+    def now_ms() -> int:
+        return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 32
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class BlobRef:
+    sha256: str
+    size: int
+    chunks: int
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    RECORD: ClassVar[str] = "AttemptStarted"
+    header: Header
+    resumed_from_turn: int
+    topology: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class AttemptFenced:
+    RECORD: ClassVar[str] = "AttemptFenced"
+    header: Header
+    fenced_attempt: int
+    fenced_epoch: int
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class ModelCall:
+    """One model call. ``prompt = parent.prompt + parent.output`` (its first
+    ``prefix_len`` tokens) followed by ``prompt_delta``."""
+
+    RECORD: ClassVar[str] = "ModelCall"
+    header: Header
+    call_id: str
+    parent_call_id: str | None
+    policy_version: str
+    sampling: SamplingParams
+    prefix_len: int
+    prompt_delta: np.ndarray = field(metadata={"dtype": "<i4"})
+    output_ids: np.ndarray = field(metadata={"dtype": "<i4"})
+    logprobs: np.ndarray = field(metadata={"dtype": "<f4"})
+    finish_reason: str = "stop"
+    latency_ms: float = 0.0
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, ModelCall):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f.name), getattr(other, f.name))
+            if "dtype" in f.metadata
+            else getattr(self, f.name) == getattr(other, f.name)
+            for f in dataclasses.fields(self)
+        )
+
+
+@dataclass(frozen=True)
+class ResourceMutation:
+    RECORD: ClassVar[str] = "ResourceMutation"
+    header: Header
+    resource_id: str
+    kind: str
+    op: str
+    args_json: str
+    idempotency_key: str
+    prev_revision: int
+    revision: int
+    result_json: str
+    state_digest: str
+    chain_hash: str
+
+
+@dataclass(frozen=True)
+class TurnCompleted:
+    RECORD: ClassVar[str] = "TurnCompleted"
+    header: Header
+    messages: list[Message]
+    call_ids: list[str]
+    resource_revisions: dict[str, int]
+    reward: float | None = None
+    actions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RolloutFinished:
+    RECORD: ClassVar[str] = "RolloutFinished"
+    header: Header
+    reward: float
+    turns: int
+    result_json: str
+
+
+@dataclass(frozen=True)
+class RolloutAcknowledged:
+    RECORD: ClassVar[str] = "RolloutAcknowledged"
+    header: Header
+    acknowledged_by: str
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    RECORD: ClassVar[str] = "Snapshot"
+    header: Header
+    status: str
+    covers_seq: int
+    replay_partition: int
+    replay_offset: int
+    state: bytes
+    state_sha256: str
+    blob: BlobRef | None = None
+
+
+@dataclass(frozen=True)
+class BlobChunk:
+    RECORD: ClassVar[str] = "BlobChunk"
+    sha256: str
+    index: int
+    count: int
+    data: bytes
+
+
+RolloutEvent = Union[
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged
+]
+Record = Union[RolloutEvent, Snapshot, BlobChunk]
+
+EVENT_TYPES: tuple[type, ...] = (
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted,
+    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk,
+)
+NESTED_TYPES: dict[str, type] = {
+    "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message,
+}

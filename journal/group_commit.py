@@ -1,0 +1,150 @@
+"""Group commit: turns of many rollouts share one backend commit.
+
+Callers enqueue a batch and get a ``Future`` that resolves once the batch is
+durable. One committer thread (the only thread the journal owns: librdkafka
+and fsync calls block) drains the queue every ``linger_ms`` or when a batch
+is full, and commits everything it drained at once. An abortable failure
+redoes the same batch; a fatal one fails every pending future and closes the
+committer, because the next attempt must take over.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from .backend import Backend, OutRecord
+from .errors import AbortableCommitError, FatalJournalError, JournalClosedError, RecordLocation
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AppendReceipt:
+    """Proof that an append is durable."""
+
+    locations: list[RecordLocation]  # one per record of the append, in order
+    commit_ms: float  # wall time of the backend commit that carried it
+    batch_appends: int  # how many appends shared that commit
+
+
+@dataclass
+class PendingAppend:
+    # Built in the committer thread, so it can see the backend's state at commit time.
+    build: Callable[[], Sequence[OutRecord]]
+    future: Future = field(default_factory=Future)
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        linger_ms: float,
+        max_batch_records: int,
+        max_commit_attempts: int,
+        on_committed: Callable[[Sequence[OutRecord], list[RecordLocation]], None],
+    ) -> None:
+        self._backend = backend
+        self._linger_s = linger_ms / 1000.0
+        self._max_records = max_batch_records
+        self._max_attempts = max_commit_attempts
+        self._on_committed = on_committed
+        self._queue: queue.Queue[PendingAppend | None] = queue.Queue()
+        self._failure: BaseException | None = None
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="journal-committer", daemon=True)
+        self._thread.start()
+
+    def submit(self, build: Callable[[], Sequence[OutRecord]]) -> Future:
+        if self._failure is not None:
+            raise JournalClosedError(f"journal stopped after a fatal error: {self._failure}") from self._failure
+        if self._closed:
+            raise JournalClosedError("journal is closed")
+        pending = PendingAppend(build)
+        self._queue.put(pending)
+        return pending.future
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+
+    def _drain(self, first: PendingAppend) -> tuple[list[PendingAppend], bool]:
+        batch, stop = [first], False
+        deadline = time.monotonic() + self._linger_s
+        while len(batch) < self._max_records:
+            timeout = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is None:
+                stop = True
+                break
+            batch.append(item)
+        return batch, stop
+
+    def _run(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is None:
+                return
+            batch, stop = self._drain(first)
+            self._commit(batch)
+            if stop:
+                return
+
+    def _commit(self, batch: list[PendingAppend]) -> None:
+        if self._failure is not None:
+            for pending in batch:
+                pending.future.set_exception(JournalClosedError(f"journal stopped after a fatal error: {self._failure}"))
+            return
+        built: list[tuple[PendingAppend, Sequence[OutRecord]]] = []
+        for pending in batch:
+            try:
+                built.append((pending, pending.build()))
+            except BaseException as exc:  # a bad append fails alone, not its neighbours
+                pending.future.set_exception(exc)
+        if not built:
+            return
+        records = [r for _, recs in built for r in recs]
+        for attempt in range(1, self._max_attempts + 1):
+            started = time.perf_counter()
+            try:
+                locations = self._backend.commit(records)
+                break
+            except AbortableCommitError as exc:
+                log.warning("commit of %d records aborted (attempt %d/%d), redoing: %s",
+                            len(records), attempt, self._max_attempts, exc)
+                if attempt == self._max_attempts:
+                    self._fail(built, FatalJournalError(f"commit still aborted after {attempt} attempts: {exc}"))
+                    return
+            except BaseException as exc:
+                self._fail(built, exc)
+                return
+        commit_ms = (time.perf_counter() - started) * 1000.0
+        self._on_committed(records, locations)
+        i = 0
+        for pending, recs in built:
+            pending.future.set_result(AppendReceipt(locations[i:i + len(recs)], commit_ms, len(built)))
+            i += len(recs)
+
+    def _fail(self, built: list[tuple[PendingAppend, Sequence[OutRecord]]], exc: BaseException) -> None:
+        log.error("journal commit failed fatally; stopping the writer: %s", exc)
+        self._failure = exc
+        for pending, _ in built:
+            pending.future.set_exception(exc)
+        while True:  # fail whatever is already queued too
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item.future.set_exception(JournalClosedError(f"journal stopped after a fatal error: {exc}"))

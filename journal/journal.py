@@ -1,0 +1,243 @@
+"""The journal API: atomic turn appends, ordered reads, snapshots and fencing,
+the same over every backend."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
+from .codec import Codec
+from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
+from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent, Snapshot
+from .fencing import EpochFence, FencedEventDropped
+from .group_commit import AppendReceipt, GroupCommitter
+from .snapshots import SnapshotDraft, SnapshotIndex, blob_tombstones, load_snapshots, snapshot_records
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Journal", "JournaledEvent", "ReadReport", "Cursor", "AppendReceipt", "SnapshotDraft"]
+
+
+@dataclass(frozen=True, slots=True)
+class JournaledEvent:
+    event: RolloutEvent
+    location: RecordLocation
+
+
+@dataclass
+class ReadReport:
+    """Collects what a lenient read stepped over. Pass one to read past bad records;
+    without one, the first corrupt record raises."""
+
+    errors: list[JournalError] = field(default_factory=list)
+    fenced: list[FencedEventDropped] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.errors and not self.fenced
+
+
+@dataclass(frozen=True)
+class Cursor:
+    """Where to resume reading one rollout: from ``offset`` in its partition,
+    skipping events with ``seq <= after_seq``; ``epoch`` is the fence already known."""
+
+    offset: int = 0
+    after_seq: int = -1
+    epoch: int = 0
+
+
+class Journal:
+    """Event journal of rollouts over one backend.
+
+    ``append`` is thread-safe and returns a future that resolves when the
+    batch is durable; appends from many rollouts are group-committed.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        linger_ms: float = 2.0,
+        max_batch_records: int = 4096,
+        max_commit_attempts: int = 5,
+        inline_snapshot_limit: int = 256 * 1024,
+    ) -> None:
+        self.backend = backend
+        self.codec = Codec()
+        self.inline_snapshot_limit = inline_snapshot_limit
+        self._fence = EpochFence()
+        self._fence_lock = threading.Lock()
+        self._committed_end: dict[int, int] = {}  # partition -> end after our last commit (committer thread only)
+        self._blobs: dict[str, BlobRef | None] = {}  # rollout -> blob of its newest snapshot
+        self._committer = GroupCommitter(
+            backend,
+            linger_ms=linger_ms,
+            max_batch_records=max_batch_records,
+            max_commit_attempts=max_commit_attempts,
+            on_committed=self._note_committed,
+        )
+
+    # -- writing -----------------------------------------------------------
+    def partition_of(self, rollout_id: str) -> int:
+        return partition_for(rollout_id, self.backend.partitions)
+
+    def append(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None) -> Future:
+        """Append one turn's events (and its snapshot) atomically.
+
+        Raises ``FencedWriteError`` at once if an event's epoch is older than
+        the epoch this journal knows for its rollout.
+        """
+        with self._fence_lock:
+            for event in events:
+                header = event.header
+                current = self._fence.current(header.rollout_id)
+                if header.epoch < current:
+                    raise FencedWriteError(header.rollout_id, header.epoch, current)
+                if isinstance(event, AttemptStarted):
+                    self._fence.raise_to(header.rollout_id, header.epoch)
+        encoded = [OutRecord(Stream.EVENTS, e.header.rollout_id, self.codec.encode(e), e.header.rollout_id)
+                   for e in events]
+        if snapshot is None:
+            return self._committer.submit(lambda: encoded)
+        return self._committer.submit(lambda: encoded + self._snapshot_records(snapshot))
+
+    def append_sync(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None) -> AppendReceipt:
+        return self.append(events, snapshot).result()
+
+    def acknowledge(self, header: Header, acknowledged_by: str) -> Future:
+        """The trainer took a finished rollout: journal that, and tombstone its snapshot."""
+        event = RolloutAcknowledged(header, acknowledged_by)
+        encoded = OutRecord(Stream.EVENTS, header.rollout_id, self.codec.encode(event), header.rollout_id)
+        return self._committer.submit(lambda: [encoded, *self._tombstone_records(header.rollout_id)])
+
+    def tombstone(self, rollout_id: str) -> Future:
+        """Drop a rollout's snapshot (and blob chunks) from the compacted stream."""
+        return self._committer.submit(lambda: self._tombstone_records(rollout_id))
+
+    def note_epoch(self, rollout_id: str, epoch: int) -> None:
+        """Tell the writer-side fence an epoch learned by reading (restore)."""
+        with self._fence_lock:
+            self._fence.raise_to(rollout_id, epoch)
+
+    def note_blob(self, rollout_id: str, blob: BlobRef | None) -> None:
+        """Tell the writer the blob of a rollout's newest snapshot, so it is tombstoned when superseded."""
+        self._blobs[rollout_id] = blob
+
+    def _tombstone_records(self, rollout_id: str) -> list[OutRecord]:
+        records = [OutRecord(Stream.SNAPSHOTS, rollout_id, None, rollout_id)]
+        blob = self._blobs.pop(rollout_id, None)
+        if blob is not None:
+            records[:0] = blob_tombstones(rollout_id, blob)
+        return records
+
+    def _snapshot_records(self, draft: SnapshotDraft) -> list[OutRecord]:
+        # Runs in the committer thread: no event of this rollout newer than
+        # ``covers_seq`` can precede the end of our previous commit.
+        rollout_id = draft.header.rollout_id
+        partition = self.partition_of(rollout_id)
+        if partition not in self._committed_end:
+            self._committed_end[partition] = self.backend.end_offset(partition)
+        records, blob = snapshot_records(
+            self.codec, draft, partition, self._committed_end[partition],
+            self.inline_snapshot_limit, self._blobs.get(rollout_id),
+        )
+        self._blobs[rollout_id] = blob
+        return records
+
+    def _note_committed(self, records: Sequence[OutRecord], locations: list[RecordLocation]) -> None:
+        for record, location in zip(records, locations):
+            if record.stream is Stream.EVENTS and location.offset + 1 > self._committed_end.get(location.partition, 0):
+                self._committed_end[location.partition] = location.offset + 1
+
+    def flush(self) -> None:
+        """Wait until everything appended so far is durable."""
+        self._committer.submit(lambda: []).result()
+
+    def close(self) -> None:
+        self._committer.close()
+        self.backend.close()
+
+    def __enter__(self) -> "Journal":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -----------------------------------------------------------
+    def _decode(self, stored: StoredRecord, report: ReadReport | None) -> RolloutEvent | None:
+        try:
+            if stored.error is not None:
+                raise CorruptRecordError(stored.location, stored.error)
+            return self.codec.decode(stored.value, stored.location)
+        except JournalError as exc:
+            if report is None:
+                raise
+            log.warning("%s", exc)
+            report.errors.append(exc)
+            return None
+
+    def _admit(self, fence: EpochFence, item: JournaledEvent, report: ReadReport | None) -> bool:
+        if fence.admit(item.event):
+            return True
+        header = item.event.header
+        dropped = FencedEventDropped(item.location, header.rollout_id, header.epoch,
+                                     fence.current(header.rollout_id), type(item.event).__name__)
+        log.info("%s", dropped)
+        if report is not None:
+            report.fenced.append(dropped)
+        return False
+
+    def read_rollouts(self, cursors: Mapping[str, Cursor], report: ReadReport | None = None) -> Iterator[JournaledEvent]:
+        """Events of the given rollouts after their cursors, in log order per
+        partition, fenced. One pass per partition from its lowest cursor."""
+        by_partition: dict[int, dict[str, Cursor]] = {}
+        for rollout_id, cursor in cursors.items():
+            by_partition.setdefault(self.partition_of(rollout_id), {})[rollout_id] = cursor
+        for partition, wanted in sorted(by_partition.items()):
+            fence = EpochFence()
+            for rollout_id, cursor in wanted.items():
+                fence.raise_to(rollout_id, cursor.epoch)
+            start = min(c.offset for c in wanted.values())
+            for stored in self.backend.read_events(partition, start):
+                cursor = wanted.get(stored.key)
+                if cursor is None and stored.error is None:
+                    continue  # another rollout sharing the partition
+                if cursor is not None and stored.location.offset < cursor.offset:
+                    continue
+                event = self._decode(stored, report)
+                if event is None or event.header.rollout_id not in wanted:
+                    continue
+                if event.header.seq <= wanted[event.header.rollout_id].after_seq:
+                    continue
+                item = JournaledEvent(event, stored.location)
+                if self._admit(fence, item, report):
+                    yield item
+
+    def read_rollout(self, rollout_id: str, cursor: Cursor = Cursor(), report: ReadReport | None = None) -> Iterator[JournaledEvent]:
+        """One rollout's events after ``cursor`` in order, fenced."""
+        return self.read_rollouts({rollout_id: cursor}, report)
+
+    def scan(self, report: ReadReport | None = None) -> Iterator[JournaledEvent]:
+        """Every committed event of the journal, fenced, partition by partition.
+        Memory stays bounded by the number of rollouts (one epoch each)."""
+        for partition in range(self.backend.partitions):
+            fence = EpochFence()
+            for stored in self.backend.read_events(partition, 0):
+                event = self._decode(stored, report)
+                if event is None:
+                    continue
+                item = JournaledEvent(event, stored.location)
+                if self._admit(fence, item, report):
+                    yield item
+
+    def snapshots(self) -> SnapshotIndex:
+        """Newest valid snapshot of every rollout still in the compacted stream."""
+        index = load_snapshots(self.codec, self.backend.read_snapshots())
+        for exc in index.errors:
+            log.warning("%s", exc)
+        return index

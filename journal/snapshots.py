@@ -1,0 +1,139 @@
+"""Snapshot records: building them (with large states chunked into blobs) and
+loading the newest valid one per rollout.
+
+A snapshot only bounds restore time; the recovery point is the last committed
+turn. So a snapshot that proves corrupt is not fatal: the loader falls back to
+the previous retained snapshot of that rollout, or to none (a full replay).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from .backend import OutRecord, StoredRecord, Stream
+from .codec import Codec
+from .errors import CorruptRecordError, JournalError, RecordLocation
+from .events import BlobChunk, BlobRef, Header, Snapshot
+
+BLOB_MARK = "/blob/"
+
+
+def blob_chunk_key(rollout_id: str, sha256: str, index: int) -> str:
+    return f"{rollout_id}{BLOB_MARK}{sha256}/{index}"
+
+
+@dataclass(frozen=True)
+class SnapshotDraft:
+    """What a participant hands the journal; the journal adds where replay starts."""
+
+    header: Header
+    status: str  # "running" | "finished"
+    covers_seq: int
+    state: bytes
+
+
+@dataclass(frozen=True)
+class LoadedSnapshot:
+    snapshot: Snapshot
+    state: bytes  # blob chunks already joined and verified
+    location: RecordLocation
+
+
+@dataclass
+class SnapshotIndex:
+    """Newest valid snapshot per rollout, and what was wrong with newer ones."""
+
+    snapshots: dict[str, LoadedSnapshot | None] = field(default_factory=dict)  # None: known rollout, no valid snapshot
+    errors: list[JournalError] = field(default_factory=list)
+
+
+def snapshot_records(
+    codec: Codec,
+    draft: SnapshotDraft,
+    replay_partition: int,
+    replay_offset: int,
+    inline_limit: int,
+    previous_blob: BlobRef | None,
+) -> tuple[list[OutRecord], BlobRef | None]:
+    """The records that write ``draft``: blob chunks (if large), tombstones for the
+    previous blob's chunks, then the snapshot itself."""
+    rollout_id = draft.header.rollout_id
+    digest = hashlib.sha256(draft.state).hexdigest()
+    records: list[OutRecord] = []
+    blob: BlobRef | None = None
+    inline = draft.state
+    if len(draft.state) > inline_limit:
+        count = -(-len(draft.state) // inline_limit)
+        blob = BlobRef(digest, len(draft.state), count)
+        inline = b""
+        if previous_blob is None or previous_blob.sha256 != digest:
+            for i in range(count):
+                chunk = BlobChunk(digest, i, count, draft.state[i * inline_limit:(i + 1) * inline_limit])
+                records.append(OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, digest, i),
+                                         codec.encode(chunk), rollout_id))
+    if previous_blob is not None and (blob is None or previous_blob.sha256 != blob.sha256):
+        records.extend(blob_tombstones(rollout_id, previous_blob))
+    snapshot = Snapshot(draft.header, draft.status, draft.covers_seq, replay_partition, replay_offset,
+                        inline, digest, blob)
+    records.append(OutRecord(Stream.SNAPSHOTS, rollout_id, codec.encode(snapshot), rollout_id))
+    return records, blob
+
+
+def blob_tombstones(rollout_id: str, blob: BlobRef) -> list[OutRecord]:
+    return [OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, blob.sha256, i), None, rollout_id)
+            for i in range(blob.chunks)]
+
+
+def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) -> SnapshotIndex:
+    """Read a snapshot stream to its end and pick each rollout's newest valid snapshot."""
+    candidates: dict[str, list[StoredRecord]] = {}
+    chunks: dict[str, StoredRecord] = {}
+    index = SnapshotIndex()
+    for record in stored:
+        if record.error is not None:
+            index.errors.append(CorruptRecordError(record.location, record.error))
+            continue
+        if BLOB_MARK in record.key:
+            if record.value is None:
+                chunks.pop(record.key, None)
+            else:
+                chunks[record.key] = record
+            continue
+        if record.value is None:
+            candidates.pop(record.key, None)
+            continue
+        kept = candidates.setdefault(record.key, [])
+        kept.append(record)
+        del kept[:-keep]
+    for rollout_id, records in candidates.items():
+        index.snapshots[rollout_id] = None
+        for record in reversed(records):
+            try:
+                index.snapshots[rollout_id] = _verified(codec, record, chunks)
+                break
+            except JournalError as exc:
+                index.errors.append(exc)
+    return index
+
+
+def _verified(codec: Codec, record: StoredRecord, chunks: dict[str, StoredRecord]) -> LoadedSnapshot:
+    snapshot = codec.decode(record.value, record.location)
+    if not isinstance(snapshot, Snapshot):
+        raise CorruptRecordError(record.location, f"expected a Snapshot, found {type(snapshot).__name__}")
+    state = snapshot.state if snapshot.blob is None else b"".join(_blob_parts(codec, record, snapshot, chunks))
+    if hashlib.sha256(state).hexdigest() != snapshot.state_sha256:
+        raise CorruptRecordError(record.location, f"snapshot of rollout {record.key} fails its SHA-256 check")
+    return LoadedSnapshot(snapshot, state, record.location)
+
+
+def _blob_parts(codec: Codec, record: StoredRecord, snapshot: Snapshot,
+                chunks: dict[str, StoredRecord]) -> Iterator[bytes]:
+    blob = snapshot.blob
+    for i in range(blob.chunks):
+        stored = chunks.get(blob_chunk_key(record.key, blob.sha256, i))
+        if stored is None:
+            raise CorruptRecordError(record.location, f"snapshot blob {blob.sha256[:12]} lacks chunk {i}/{blob.chunks}")
+        chunk = codec.decode(stored.value, stored.location)
+        yield chunk.data

@@ -1,0 +1,199 @@
+"""One conformance suite for every journal backend (the eventsourcing library's
+pattern: an abstract test case, subclassed once per backend).
+
+A subclass provides the ``open_backend`` fixture: a callable that opens a
+backend over the same storage each time it is called (to test reopening).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from journal.backend import Backend, OutRecord, Stream
+from journal.errors import CorruptRecordError, FencedWriteError, UnknownSchemaError
+from journal.events import (
+    AttemptStarted, Header, Message, ModelCall, RolloutFinished, SamplingParams, TurnCompleted,
+)
+from journal.journal import Cursor, Journal, ReadReport
+from journal.snapshots import SnapshotDraft
+
+OpenBackend = Callable[[], Backend]
+
+
+def header(rollout: str, seq: int, *, turn: int = 0, attempt: int = 1, epoch: int = 1) -> Header:
+    return Header(rollout, "group-1", attempt, epoch, turn, seq, Header.now_ms(), "test-writer")
+
+
+def model_call(rollout: str, seq: int, *, turn: int = 1, epoch: int = 1, tokens: int = 64) -> ModelCall:
+    rng = np.random.default_rng(seq)
+    return ModelCall(
+        header(rollout, seq, turn=turn, epoch=epoch), f"{rollout}-call-{seq}", None, "policy-v1",
+        SamplingParams(0.7, 1.0, 16, seq), 0,
+        rng.integers(0, 500, tokens, dtype=np.int32), rng.integers(0, 500, 16, dtype=np.int32),
+        -rng.random(16, dtype=np.float32), "stop", 1.0,
+    )
+
+
+def turn_done(rollout: str, seq: int, *, turn: int = 1, epoch: int = 1, attempt: int = 1) -> TurnCompleted:
+    return TurnCompleted(header(rollout, seq, turn=turn, epoch=epoch, attempt=attempt),
+                         [Message("assistant", f"turn {turn}")], [f"{rollout}-call-{seq - 1}"], {"r": turn},
+                         None, [f"act({turn})"])
+
+
+def started(rollout: str, seq: int, *, attempt: int = 1, epoch: int = 1, turn: int = 0) -> AttemptStarted:
+    return AttemptStarted(header(rollout, seq, turn=turn, attempt=attempt, epoch=epoch), turn, "topo", "test")
+
+
+class JournalConformance:
+    """Every backend must pass these."""
+
+    @pytest.fixture
+    def open_backend(self) -> OpenBackend:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @pytest.fixture
+    def journal(self, open_backend: OpenBackend):
+        j = Journal(open_backend())
+        yield j
+        j.close()
+
+    def test_a_turn_appends_atomically_and_reads_back_in_order(self, journal: Journal) -> None:
+        events = [started("r1", 0), model_call("r1", 1), turn_done("r1", 2)]
+        receipt = journal.append_sync(events)
+        assert len(receipt.locations) == 3
+        read = list(journal.read_rollout("r1"))
+        assert [e.event for e in read] == events
+        assert [e.location for e in read] == receipt.locations
+        offsets = [loc.offset for loc in receipt.locations]
+        assert offsets == sorted(offsets)
+
+    def test_appends_from_many_rollouts_share_commits_and_all_become_durable(self, journal: Journal) -> None:
+        rollouts = [f"g{i}" for i in range(40)]
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            futures = list(pool.map(lambda r: journal.append([started(r, 0), model_call(r, 1)]), rollouts))
+        receipts = [f.result(timeout=60) for f in futures]
+        assert max(r.batch_appends for r in receipts) > 1, "no two appends shared a commit"
+        for r in rollouts:
+            assert [e.event.header.seq for e in journal.read_rollout(r)] == [0, 1]
+
+    def test_read_from_a_cursor_skips_what_it_covers(self, journal: Journal) -> None:
+        first = journal.append_sync([started("r1", 0), model_call("r1", 1)])
+        journal.append_sync([turn_done("r1", 2)])
+        journal.append_sync([model_call("r1", 3, turn=2)])
+        after = list(journal.read_rollout("r1", Cursor(first.locations[1].offset, after_seq=2)))
+        assert [e.event.header.seq for e in after] == [3]
+
+    def test_scan_reads_every_rollout(self, journal: Journal) -> None:
+        for i in range(10):
+            journal.append_sync([started(f"s{i}", 0), turn_done(f"s{i}", 1)])
+        seen = {}
+        for item in journal.scan():
+            seen.setdefault(item.event.header.rollout_id, []).append(item.event.header.seq)
+        assert all(seen[f"s{i}"] == [0, 1] for i in range(10))
+
+    def test_records_survive_reopening(self, open_backend: OpenBackend) -> None:
+        j = Journal(open_backend())
+        j.append_sync([started("r1", 0), model_call("r1", 1)], SnapshotDraft(header("r1", 1), "running", 1, b"st"))
+        j.close()
+        j2 = Journal(open_backend())
+        try:
+            assert [e.event.header.seq for e in j2.read_rollout("r1")] == [0, 1]
+            assert j2.snapshots().snapshots["r1"].state == b"st"
+        finally:
+            j2.close()
+
+    def test_latest_snapshot_wins_and_replay_resumes_after_it(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0)], SnapshotDraft(header("r1", 0), "running", 0, b"v0"))
+        journal.append_sync([model_call("r1", 1), turn_done("r1", 2)], SnapshotDraft(header("r1", 2, turn=1), "running", 2, b"v1"))
+        journal.append_sync([model_call("r1", 3, turn=2), turn_done("r1", 4, turn=2)])
+        loaded = journal.snapshots().snapshots["r1"]
+        assert loaded.state == b"v1" and loaded.snapshot.covers_seq == 2
+        cursor = Cursor(loaded.snapshot.replay_offset, loaded.snapshot.covers_seq, loaded.snapshot.header.epoch)
+        assert [e.event.header.seq for e in journal.read_rollout("r1", cursor)] == [3, 4]
+
+    def test_tombstone_and_acknowledge_remove_the_snapshot(self, journal: Journal) -> None:
+        for r in ("keep", "gone", "acked"):
+            journal.append_sync([started(r, 0)], SnapshotDraft(header(r, 0), "running", 0, r.encode()))
+        journal.tombstone("gone").result()
+        journal.append_sync([RolloutFinished(header("acked", 1), 1.0, 1, "{}")],
+                            SnapshotDraft(header("acked", 1), "finished", 1, b"done"))
+        journal.acknowledge(header("acked", 2), "trainer").result()
+        index = journal.snapshots()
+        assert set(index.snapshots) == {"keep"}
+        assert [type(e.event).__name__ for e in journal.read_rollout("acked")][-1] == "RolloutAcknowledged"
+
+    def test_a_large_snapshot_is_chunked_and_joined_back(self, journal: Journal) -> None:
+        big = np.random.default_rng(0).bytes(3 * journal.inline_snapshot_limit + 123)
+        journal.append_sync([started("big", 0)], SnapshotDraft(header("big", 0), "running", 0, big))
+        assert journal.snapshots().snapshots["big"].state == big
+        journal.append_sync([turn_done("big", 1)], SnapshotDraft(header("big", 1, turn=1), "running", 1, b"small"))
+        assert journal.snapshots().snapshots["big"].state == b"small"
+
+    def test_a_corrupt_newest_snapshot_falls_back_to_the_previous_one(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0)], SnapshotDraft(header("r1", 0), "running", 0, b"good"))
+        journal.backend.commit([OutRecord(Stream.SNAPSHOTS, "r1", b"\xc3\x01garbage-garbage", "r1")])
+        index = journal.snapshots()
+        assert index.snapshots["r1"].state == b"good"
+        assert any("r1" in str(e) or "offset" in str(e) or "position" in str(e) for e in index.errors)
+
+    def test_attempt_n_events_after_the_fence_are_dropped_by_readers(self, journal: Journal, open_backend: OpenBackend) -> None:
+        journal.append_sync([started("r1", 0), turn_done("r1", 1)])
+        journal.append_sync([started("r1", 2, attempt=2, epoch=2, turn=1)])
+        # A zombie of attempt 1, in another process that never saw the fence, keeps writing.
+        zombie = Journal(journal.backend)
+        zombie.append_sync([turn_done("r1", 3, turn=2, epoch=1)])
+        journal.append_sync([turn_done("r1", 4, turn=2, epoch=2, attempt=2)])
+        report = ReadReport()
+        seqs = [e.event.header.seq for e in journal.read_rollout("r1", report=report)]
+        assert seqs == [0, 1, 2, 4]
+        assert len(report.fenced) == 1 and report.fenced[0].epoch == 1 and "fenced" in str(report.fenced[0])
+
+    def test_the_writer_refuses_an_append_from_a_fenced_epoch(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0, attempt=2, epoch=2)])
+        with pytest.raises(FencedWriteError, match="r1"):
+            journal.append([turn_done("r1", 1, epoch=1)])
+
+    def test_a_corrupt_record_is_named_and_its_neighbours_still_read(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0)])
+        bad = journal.backend.commit([OutRecord(Stream.EVENTS, "r1", b"\xc3\x01" + b"\x00" * 8 + b"junk", "r1")])[0]
+        wrong_magic = journal.backend.commit([OutRecord(Stream.EVENTS, "r1", b"NOTAVRO", "r1")])[0]
+        journal.append_sync([turn_done("r1", 1)])
+        with pytest.raises(UnknownSchemaError) as info:
+            list(journal.read_rollout("r1"))
+        assert str(bad.offset) in str(info.value)
+        report = ReadReport()
+        assert [e.event.header.seq for e in journal.read_rollout("r1", report=report)] == [0, 1]
+        assert [e.location.offset for e in report.errors] == [bad.offset, wrong_magic.offset]
+        assert isinstance(report.errors[1], CorruptRecordError) and "magic" in str(report.errors[1])
+
+    def test_an_unreadable_avro_body_is_named(self, journal: Journal) -> None:
+        good = journal.codec.encode(turn_done("r1", 1))
+        journal.append_sync([started("r1", 0)])
+        loc = journal.backend.commit([OutRecord(Stream.EVENTS, "r1", good[:20], "r1")])[0]
+        journal.append_sync([turn_done("r1", 2)])
+        report = ReadReport()
+        assert [e.event.header.seq for e in journal.read_rollout("r1", report=report)] == [0, 2]
+        assert str(loc.offset) in str(report.errors[0]) and "TurnCompleted" in str(report.errors[0])
+
+    def test_concurrent_appends_and_reads_see_only_whole_turns(self, journal: Journal) -> None:
+        stop = threading.Event()
+        torn = []
+
+        def reader() -> None:
+            while not stop.is_set():
+                seqs = [e.event.header.seq for e in journal.read_rollout("w")]
+                if len(seqs) % 3:
+                    torn.append(seqs)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        for t in range(30):
+            journal.append_sync([model_call("w", 3 * t, turn=t), model_call("w", 3 * t + 1, turn=t), turn_done("w", 3 * t + 2, turn=t)])
+        stop.set()
+        thread.join()
+        assert not torn, f"a reader saw part of a turn: {torn[:1]}"
