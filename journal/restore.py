@@ -1,0 +1,85 @@
+"""Restore, the journal half: what attempt N+1 needs to continue each rollout.
+
+Reads the compacted snapshot stream to its end, then replays, for every
+rollout still in it, only the events after its snapshot. The cost grows with
+the number of rollouts in the snapshot stream and the events since their
+snapshots, never with the whole history. Folding those events into a running
+rollout is the participants' job (they know what the state means).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from .events import AttemptStarted, RolloutAcknowledged, RolloutFinished
+from .journal import Cursor, Journal, JournaledEvent, ReadReport
+from .snapshots import LoadedSnapshot
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RolloutHistory:
+    """One rollout as the journal holds it: its newest valid snapshot and the events after it."""
+
+    rollout_id: str
+    snapshot: LoadedSnapshot | None  # None: replay from the rollout's first event
+    events: list[JournaledEvent] = field(default_factory=list)
+
+    @property
+    def epoch(self) -> int:
+        epochs = [e.event.header.epoch for e in self.events if isinstance(e.event, AttemptStarted)]
+        base = self.snapshot.snapshot.header.epoch if self.snapshot else 0
+        return max([base, *epochs])
+
+    @property
+    def attempt(self) -> int:
+        attempts = [e.event.header.attempt for e in self.events if isinstance(e.event, AttemptStarted)]
+        base = self.snapshot.snapshot.header.attempt if self.snapshot else 0
+        return max([base, *attempts])
+
+    @property
+    def finished(self) -> bool:
+        if self.snapshot is not None and self.snapshot.snapshot.status == "finished":
+            return True
+        return any(isinstance(e.event, RolloutFinished) for e in self.events)
+
+    @property
+    def acknowledged(self) -> bool:
+        return any(isinstance(e.event, RolloutAcknowledged) for e in self.events)
+
+
+@dataclass
+class RestorePlan:
+    rollouts: dict[str, RolloutHistory]
+    report: ReadReport
+    seconds: float
+    events_replayed: int
+
+
+def load_rollouts(journal: Journal, report: ReadReport | None = None) -> RestorePlan:
+    """Every rollout still in the snapshot stream, with the events since its snapshot."""
+    started = time.perf_counter()
+    report = report if report is not None else ReadReport()
+    index = journal.snapshots()
+    report.errors.extend(index.errors)
+    cursors: dict[str, Cursor] = {}
+    histories: dict[str, RolloutHistory] = {}
+    for rollout_id, loaded in index.snapshots.items():
+        histories[rollout_id] = RolloutHistory(rollout_id, loaded)
+        if loaded is None:
+            log.warning("rollout %s has no valid snapshot left; replaying it from its first event", rollout_id)
+            cursors[rollout_id] = Cursor()
+        else:
+            s = loaded.snapshot
+            cursors[rollout_id] = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
+            journal.note_blob(rollout_id, s.blob)
+    replayed = 0
+    for item in journal.read_rollouts(cursors, report):
+        histories[item.event.header.rollout_id].events.append(item)
+        replayed += 1
+    for history in histories.values():
+        journal.note_epoch(history.rollout_id, history.epoch)
+    return RestorePlan(histories, report, time.perf_counter() - started, replayed)

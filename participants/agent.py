@@ -1,0 +1,188 @@
+"""The agent: one rollout's multi-turn loop.
+
+A turn = one constrained model call choosing a tool call, the tool call on the
+environment's resources, then ``TurnCompleted``; all of it (plus the rollout's
+snapshot when one is due, and ``RolloutFinished`` on the last turn) is appended
+to the journal atomically, and the next turn starts only once it is durable.
+Sampling seeds derive from (workload seed, rollout, turn), never from the
+attempt, so a re-executed turn samples exactly what the lost one did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from journal.events import (
+    AttemptStarted, Message, ResourceMutation, RolloutEvent, RolloutFinished, SamplingParams, TurnCompleted,
+)
+from journal.journal import Journal
+from journal.snapshots import SnapshotDraft
+
+from .config import WorkloadConfig
+from .constraints import ActionTrie
+from .environments.base import SUBMIT, Environment
+from .model import ModelParticipant
+from .resources import MutationRecord, MutationRequest, Resource, canonical_json
+from .rollout_state import RolloutState
+from .tokenizer import ChatTokenizer
+
+SYSTEM_PROMPT = "You are an assistant that acts only through tool calls. Reply with exactly one tool call."
+
+
+class TurnSink(Protocol):
+    """Where a finished turn goes: the journal, or nowhere (overhead baseline)."""
+
+    async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None: ...
+
+
+class JournalSink:
+    def __init__(self, journal: Journal) -> None:
+        self.journal = journal
+
+    async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None:
+        await asyncio.wrap_future(self.journal.append(events, snapshot))
+
+
+class NullSink:
+    """Journaling off: the same rollout work with nothing made durable."""
+
+    async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None:
+        await asyncio.sleep(0)
+
+
+def turn_seed(workload_seed: int, rollout_id: str, turn: int) -> int:
+    digest = hashlib.sha256(f"{workload_seed}/{rollout_id}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def outcome_of(state: RolloutState, env: Environment) -> dict:
+    """What a finished rollout produced, enough to compare two runs: written into
+    ``RolloutFinished`` so a result is offered again without recomputing it."""
+    return {
+        "reward": state.reward,
+        "turns": state.next_turn,
+        "actions": state.actions,
+        "tokens_sha256": hashlib.sha256(state.head_tokens.astype("<i4").tobytes()).hexdigest(),
+        "output_tokens": state.output_tokens,
+        "resource_digests": env.state_digests(),
+    }
+
+
+def mutation_event(state: RolloutState, record: MutationRecord) -> ResourceMutation:
+    return ResourceMutation(
+        header=state.header(), resource_id=record.resource_id, kind=record.kind, op=record.op,
+        args_json=canonical_json(record.args), idempotency_key=record.idempotency_key,
+        prev_revision=record.prev_revision, revision=record.revision, result_json=canonical_json(record.result),
+        state_digest=record.state_digest, chain_hash=record.chain_hash,
+    )
+
+
+@dataclass
+class LiveRollout:
+    state: RolloutState
+    env: Environment
+    bytes_since_snapshot: int = 0
+    turns_since_snapshot: int = 0
+    turns_run_here: int = 0  # turns this process executed (work accounting)
+    tokens_run_here: int = 0
+    finished_event: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Agent:
+    def __init__(self, config: WorkloadConfig, model: ModelParticipant, tokenizer: ChatTokenizer,
+                 sink: TurnSink, *, writer: str) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.sink = sink
+        self.writer = writer
+        self._tries: dict[tuple[str, ...], ActionTrie] = {}
+        self.turn_boundary = asyncio.Event()  # cleared by a coordinated checkpoint to park agents
+        self.turn_boundary.set()
+
+    # -- conversation --------------------------------------------------------
+    def initial_messages(self, env: Environment) -> list[Message]:
+        return [Message("system", SYSTEM_PROMPT), Message("user", env.task_prompt())]
+
+    def prompt_of(self, state: RolloutState) -> np.ndarray:
+        conversation = self.tokenizer.render_conversation((m.role, m.content) for m in state.messages)
+        return np.concatenate([conversation, self.tokenizer.generation_prompt("assistant")]).astype(np.int32)
+
+    def _trie(self, actions: list[str]) -> ActionTrie:
+        key = tuple(actions)
+        trie = self._tries.get(key)
+        if trie is None:
+            if len(self._tries) > 4096:
+                self._tries.clear()
+            trie = self._tries[key] = ActionTrie.from_strings(self.tokenizer, actions)
+        return trie
+
+    # -- lifecycle -------------------------------------------------------------
+    def start_attempt(self, live: LiveRollout, *, resumed_from_turn: int, reason: str) -> list[RolloutEvent]:
+        """The fence: attempt N+1 with a higher epoch. Resources refuse older epochs from now on."""
+        state = live.state
+        state.attempt += 1
+        state.epoch += 1
+        if not state.messages:
+            state.messages = self.initial_messages(live.env)
+        live.env.fence(state.spec.rollout_id, state.epoch)
+        event = AttemptStarted(state.header(turn=resumed_from_turn), resumed_from_turn,
+                               self.config.topology(), reason)
+        return [event]
+
+    def snapshot_draft(self, live: LiveRollout) -> SnapshotDraft:
+        state = live.state
+        state.resource_states = {rid: r.export_state() for rid, r in live.env.resources.items() if r.supports_export}
+        header = state.snapshot_header()
+        return SnapshotDraft(header, "finished" if state.finished else "running", header.seq, state.to_bytes())
+
+    async def run_turn(self, live: LiveRollout) -> None:
+        await self.turn_boundary.wait()
+        state, env = live.state, live.env
+        rollout_id, turn = state.spec.rollout_id, state.next_turn
+        actions = env.action_space()
+        if not self.config.allow_early_submit and turn + 1 < self.config.max_turns and len(actions) > 1:
+            actions = [a for a in actions if a != SUBMIT]
+        trie = self._trie(actions)
+        params = SamplingParams(self.config.model.temperature, self.config.model.top_p,
+                                self.config.model.max_tokens, turn_seed(self.config.seed, rollout_id, turn))
+        call = await self.model.call(state, self.prompt_of(state), params, trie,
+                                     f"{rollout_id}/a{state.attempt}/t{turn}/c0")
+        action = trie.decode_action(call.generation.output_ids)
+        counter = iter(range(1 << 30))
+
+        def request_for(resource: Resource) -> MutationRequest:
+            return MutationRequest(rollout_id, state.attempt, state.epoch,
+                                   f"{rollout_id}/t{turn}/m{next(counter)}", resource.revision)
+
+        observation, records = env.step(action, request_for)
+        if self.config.turn_delay_ms:
+            await asyncio.sleep(self.config.turn_delay_ms / 1000.0)
+        events: list[RolloutEvent] = [call.event, *(mutation_event(state, r) for r in records)]
+        messages = [Message("assistant", action), Message("tool", observation.text)]
+        last = observation.done or turn + 1 >= self.config.max_turns
+        reward = env.verify() if last else None
+        events.append(TurnCompleted(state.header(), messages, [call.event.call_id], env.revisions(), reward, [action]))
+        state.messages.extend(messages)
+        state.actions.append(action)
+        state.next_turn = turn + 1
+        if last:
+            state.finished, state.reward = True, reward
+            state.outcome = outcome_of(state, env)
+            events.append(RolloutFinished(state.header(), reward, state.next_turn, json.dumps(state.outcome)))
+        live.turns_run_here += 1
+        live.tokens_run_here += len(call.generation.output_ids)
+        live.turns_since_snapshot += 1
+        live.bytes_since_snapshot += int(call.prompt.nbytes) + int(call.generation.output_ids.nbytes) * 2
+        snapshot = None
+        if last or live.turns_since_snapshot >= self.config.snapshot_every_turns \
+                or live.bytes_since_snapshot >= self.config.snapshot_max_bytes:
+            snapshot = self.snapshot_draft(live)
+            live.turns_since_snapshot = live.bytes_since_snapshot = 0
+        await self.sink.commit(events, snapshot)

@@ -1,0 +1,173 @@
+"""Runs a workload of rollouts (groups x siblings) to the end, fresh or resumed.
+
+Resuming is attempt N+1 for every unfinished rollout: fold its journal
+(snapshot + events since), rebuild its environment (import exported resource
+states, re-apply the mutations since), write the fence (``AttemptStarted``
+with a higher epoch) and continue from the next turn. Rollouts whose
+environment is ``restart_only`` start again from turn 0; finished rollouts
+are offered again from the journal, never recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from journal.journal import Journal
+from journal.restore import RolloutHistory, load_rollouts
+
+from .agent import Agent, JournalSink, LiveRollout, NullSink
+from .config import WorkloadConfig
+from .environments import make_environment
+from .generation import GenerationBackend
+from .model import ModelParticipant
+from .resources import Recovery
+from .rollout_state import RolloutSpec, RolloutState, fold
+from .tokenizer import ChatTokenizer
+
+log = logging.getLogger(__name__)
+
+
+def workload_specs(config: WorkloadConfig) -> list[RolloutSpec]:
+    specs = []
+    for g in range(config.groups):
+        task_seed = int.from_bytes(hashlib.sha256(f"{config.seed}/task/{g}".encode()).digest()[:4], "little")
+        for s in range(config.siblings):
+            specs.append(RolloutSpec(f"{config.name}-g{g}-s{s}", f"{config.name}-g{g}", s, task_seed, config.environment))
+    return specs
+
+
+@dataclass
+class RolloutReport:
+    rollout_id: str
+    turns_committed_before: int  # turns found committed in the journal when this run began
+    turns_run_here: int  # turns this run executed
+    tokens_run_here: int
+    restarted_from_zero: bool
+    reused_result: bool  # finished before; offered again from the journal
+    outcome: dict | None = None
+
+
+@dataclass
+class RunReport:
+    rollouts: dict[str, RolloutReport] = field(default_factory=dict)
+    restore_seconds: float = 0.0
+    events_replayed: int = 0
+    run_seconds: float = 0.0
+    read_errors: list[str] = field(default_factory=list)
+
+    @property
+    def turns_run(self) -> int:
+        return sum(r.turns_run_here for r in self.rollouts.values())
+
+    def outcomes(self) -> dict[str, dict]:
+        return {rid: r.outcome for rid, r in sorted(self.rollouts.items())}
+
+
+ProgressCallback = Callable[[int], None]
+
+
+class Runner:
+    def __init__(self, config: WorkloadConfig, journal: Journal | None, backend: GenerationBackend,
+                 tokenizer: ChatTokenizer, *, progress: ProgressCallback | None = None) -> None:
+        self.config = config
+        self.journal = journal
+        self.model = ModelParticipant(backend, max_in_flight=config.model.max_concurrent_calls)
+        sink = JournalSink(journal) if journal is not None and config.journaling else NullSink()
+        self.agent = Agent(config, self.model, tokenizer, sink, writer=config.writer)
+        self.progress = progress or (lambda n: None)
+        self.live: dict[str, LiveRollout] = {}
+        self.states: dict[str, RolloutState] = {}
+
+    async def run(self, *, resume: bool) -> RunReport:
+        report = RunReport()
+        started = time.perf_counter()
+        histories: dict[str, RolloutHistory] = {}
+        if self.journal is not None:
+            plan = load_rollouts(self.journal)
+            histories = plan.rollouts
+            report.restore_seconds, report.events_replayed = plan.seconds, plan.events_replayed
+            report.read_errors = [str(e) for e in plan.report.errors]
+            ours = {s.rollout_id for s in workload_specs(self.config)}
+            if not resume and ours & set(histories):
+                from journal.errors import ConfigurationError
+                raise ConfigurationError(
+                    f"journal {self.config.journal} already holds rollouts of workload {self.config.name!r}; "
+                    "use `rollout-journal resume` to continue them, or point --journal at a fresh location"
+                )
+        first_commits = []
+        for spec in workload_specs(self.config):
+            live, rollout_report, commit = self._prepare(spec, histories.get(spec.rollout_id))
+            report.rollouts[spec.rollout_id] = rollout_report
+            if live is not None:
+                self.live[spec.rollout_id] = live
+                self.states[spec.rollout_id] = live.state
+            if commit is not None:
+                first_commits.append(commit)
+        await asyncio.gather(*first_commits)
+        semaphore = asyncio.Semaphore(self.config.concurrency)
+
+        async def drive(live: LiveRollout) -> None:
+            async with semaphore:
+                while not live.state.finished:
+                    await self.agent.run_turn(live)
+                    self.progress(1)
+                live.finished_event.set()
+
+        try:
+            await asyncio.gather(*(drive(live) for live in self.live.values()))
+        finally:
+            for live in self.live.values():
+                live.env.close()
+        for rid, live in self.live.items():
+            r = report.rollouts[rid]
+            r.turns_run_here, r.tokens_run_here = live.turns_run_here, live.tokens_run_here
+            r.outcome = live.state.outcome
+        if self.journal is not None:
+            self.journal.flush()
+        report.run_seconds = time.perf_counter() - started
+        return report
+
+    def _prepare(self, spec: RolloutSpec, history: RolloutHistory | None):
+        """The live rollout to drive (None if finished), its report entry, and its first commit."""
+        if history is None:
+            live = LiveRollout(RolloutState(spec, writer=self.config.writer),
+                               make_environment(spec.environment, spec.rollout_id, spec.task_seed))
+            events = self.agent.start_attempt(live, resumed_from_turn=0, reason="new rollout")
+            # The first snapshot registers the rollout in the compacted stream: restore finds it there.
+            commit = self.agent.sink.commit(events, self.agent.snapshot_draft(live))
+            return live, RolloutReport(spec.rollout_id, 0, 0, 0, False, False), commit
+        folded = fold(spec, history)
+        state = folded.state
+        state.writer = self.config.writer
+        committed = state.next_turn
+        self.states[spec.rollout_id] = state
+        if state.finished:
+            return None, RolloutReport(spec.rollout_id, committed, 0, 0, folded.restarted_from_zero, True, state.outcome), None
+        env = make_environment(spec.environment, spec.rollout_id, spec.task_seed)
+        restart = env.recovery is Recovery.RESTART_ONLY and state.next_turn > 0
+        if restart:
+            state = RolloutState(spec, attempt=state.attempt, epoch=state.epoch, next_seq=state.next_seq,
+                                 writer=self.config.writer)
+            reason = f"restart from turn 0: environment {spec.environment!r} is restart_only"
+        else:
+            for resource_id, exported in state.resource_states.items():
+                env.resources[resource_id].import_state(exported)
+            env.replay(folded.mutations)
+            reason = f"resume after crash at turn {state.next_turn}"
+        live = LiveRollout(state, env)
+        events = self.agent.start_attempt(live, resumed_from_turn=state.next_turn, reason=reason)
+        commit = self.agent.sink.commit(events, None)
+        return live, RolloutReport(spec.rollout_id, committed, 0, 0, restart, False), commit
+
+    async def acknowledge(self, rollout_ids: list[str], by: str = "trainer") -> None:
+        """The trainer took these results: journal it and tombstone their snapshots."""
+        if self.journal is None:
+            return
+        futures = [self.journal.acknowledge(self.states[rid].header(), by) for rid in rollout_ids]
+        for f in futures:
+            await asyncio.wrap_future(f)
