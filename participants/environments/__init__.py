@@ -1,0 +1,38 @@
+"""Example environments, by name: ``make_environment("workplace", rollout_id, seed)``."""
+
+from __future__ import annotations
+
+from participants.environments.base import Environment, Observation, StepMutations
+from participants.environments.counter import CounterEnvironment
+from participants.environments.sandbox import SandboxEnvironment
+from participants.environments.workplace import WorkplaceEnvironment
+
+__all__ = [
+    "ENVIRONMENTS",
+    "Environment",
+    "Observation",
+    "StepMutations",
+    "UnknownEnvironmentError",
+    "make_environment",
+]
+
+ENVIRONMENTS: dict[str, type[Environment]] = {
+    WorkplaceEnvironment.name: WorkplaceEnvironment,
+    SandboxEnvironment.name: SandboxEnvironment,
+    CounterEnvironment.name: CounterEnvironment,
+}
+
+
+class UnknownEnvironmentError(LookupError):
+    """No environment is registered under the requested name."""
+
+
+def make_environment(name: str, rollout_id: str, task_seed: int) -> Environment:
+    """Build the environment registered as ``name`` for one rollout; same seed -> same task."""
+    try:
+        cls = ENVIRONMENTS[name]
+    except KeyError:
+        raise UnknownEnvironmentError(
+            f"no environment named {name!r}; known environments: {', '.join(sorted(ENVIRONMENTS))}"
+        ) from None
+    return cls(rollout_id, task_seed)
