@@ -31,7 +31,7 @@ class WorkloadConfig(BaseModel):
     groups: int = Field(3, ge=1, description="prompt groups (one task each)")
     siblings: int = Field(3, ge=1, description="rollouts per group (same task, different samples)")
     max_turns: int = Field(5, ge=1)
-    environment: str = "workplace"
+    environment: str = Field("workplace", description="environment name, or names separated by commas (assigned to groups in turn)")
     seed: int = 0
     model: ModelConfig = ModelConfig()
     journal: str = Field("runs/journal", description="a directory (file journal) or kafka://host:port/namespace")
@@ -56,6 +56,10 @@ class WorkloadConfig(BaseModel):
             return cls.model_validate(raw)
         except ValidationError as exc:
             raise ConfigurationError(f"workload config {path}: {exc}") from None
+
+    @property
+    def environments(self) -> list[str]:
+        return [name.strip() for name in self.environment.split(",") if name.strip()]
 
     def topology(self) -> str:
         """Fingerprint of what determines a rollout's behaviour (not where it is journaled)."""

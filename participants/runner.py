@@ -35,9 +35,10 @@ log = logging.getLogger(__name__)
 def workload_specs(config: WorkloadConfig) -> list[RolloutSpec]:
     specs = []
     for g in range(config.groups):
+        environment = config.environments[g % len(config.environments)]
         task_seed = int.from_bytes(hashlib.sha256(f"{config.seed}/task/{g}".encode()).digest()[:4], "little")
         for s in range(config.siblings):
-            specs.append(RolloutSpec(f"{config.name}-g{g}-s{s}", f"{config.name}-g{g}", s, task_seed, config.environment))
+            specs.append(RolloutSpec(f"{config.name}-g{g}-s{s}", f"{config.name}-g{g}", s, task_seed, environment))
     return specs
 
 
@@ -68,7 +69,7 @@ class RunReport:
         return {rid: r.outcome for rid, r in sorted(self.rollouts.items())}
 
 
-ProgressCallback = Callable[[int], None]
+ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that turn is durable
 
 
 class Runner:
@@ -79,11 +80,14 @@ class Runner:
         self.model = ModelParticipant(backend, max_in_flight=config.model.max_concurrent_calls)
         sink = JournalSink(journal) if journal is not None and config.journaling else NullSink()
         self.agent = Agent(config, self.model, tokenizer, sink, writer=config.writer)
-        self.progress = progress or (lambda n: None)
+        self.progress = progress or (lambda rollout_id, turn: None)
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}
 
-    async def run(self, *, resume: bool) -> RunReport:
+    async def run(self, *, resume: bool, stop_after: dict[str, int] | None = None) -> RunReport:
+        """Drive every rollout to its end. ``stop_after`` leaves the named rollouts
+        once they have that many committed turns (a crash at a turn boundary, for
+        tests and for forking)."""
         report = RunReport()
         started = time.perf_counter()
         histories: dict[str, RolloutHistory] = {}
@@ -113,9 +117,10 @@ class Runner:
 
         async def drive(live: LiveRollout) -> None:
             async with semaphore:
-                while not live.state.finished:
+                limit = (stop_after or {}).get(live.state.spec.rollout_id)
+                while not live.state.finished and (limit is None or live.state.next_turn < limit):
                     await self.agent.run_turn(live)
-                    self.progress(1)
+                    self.progress(live.state.spec.rollout_id, live.state.next_turn - 1)
                 live.finished_event.set()
 
         try:

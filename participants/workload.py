@@ -12,18 +12,19 @@ from .runner import Runner, RunReport
 from .tokenizer import default_tokenizer
 from .torch_policy import TinyTorchPolicy
 
-TurnCallback = Callable[[int], None]
+TurnCallback = Callable[[str, int], None]
 
 
 def build_backend(config: WorkloadConfig) -> TinyTorchPolicy:
     return TinyTorchPolicy(default_tokenizer(), weights_seed=config.model.weights_seed)
 
 
-def run_workload(config: WorkloadConfig, *, resume: bool, on_turn: TurnCallback | None = None) -> RunReport:
+def run_workload(config: WorkloadConfig, *, resume: bool, on_turn: TurnCallback | None = None,
+                 stop_after: dict[str, int] | None = None) -> RunReport:
     """Run every rollout of ``config`` to the end; with ``resume``, continue what the journal holds."""
     backend = build_backend(config)
     if not config.journaling:
         return asyncio.run(Runner(config, None, backend, backend.tokenizer, progress=on_turn).run(resume=False))
     with open_journal(config.journal, writer=config.writer) as journal:
         runner = Runner(config, journal, backend, backend.tokenizer, progress=on_turn)
-        return asyncio.run(runner.run(resume=resume))
+        return asyncio.run(runner.run(resume=resume, stop_after=stop_after))

@@ -66,13 +66,13 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
     config = WorkloadConfig.load(args.config, journal=args.journal, writer=args.writer)
     total = config.groups * config.siblings * config.max_turns
     if args.progress_lines:
-        def on_turn(n: int) -> None:
-            print("turn-committed", flush=True)
+        def on_turn(rollout_id: str, turn: int) -> None:
+            print(f"turn-committed {rollout_id} {turn}", flush=True)
         report = run_workload(config, resume=resume, on_turn=on_turn)
     else:
         from tqdm import tqdm
         with tqdm(total=total, unit="turn", desc=config.name, disable=None, file=sys.stderr) as bar:
-            report = run_workload(config, resume=resume, on_turn=bar.update)
+            report = run_workload(config, resume=resume, on_turn=lambda rollout_id, turn: bar.update())
     summary = {
         "journal": config.journal,
         "rollouts": len(report.rollouts),

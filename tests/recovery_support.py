@@ -1,0 +1,123 @@
+"""Shared pieces of the recovery tests: journals on both backends, a workload
+child process that can be SIGKILLed at any point, and the checks that a crash
+lost nothing and applied nothing twice."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from journal.events import AttemptStarted, ResourceMutation
+from journal.journal import ReadReport
+from journal.open import open_journal
+from journal.restore import load_rollouts
+from participants.config import WorkloadConfig
+from participants.resources import verify_chain
+from participants.rollout_state import fold, mutation_record
+from participants.runner import RunReport, workload_specs
+from participants.workload import run_workload
+
+_CTX = multiprocessing.get_context("forkserver")
+_CTX.set_forkserver_preload(["participants.workload", "torch"])  # children start in milliseconds
+
+
+def reference_outcomes(config: WorkloadConfig) -> dict[str, dict]:
+    """The uninterrupted run, journaling off."""
+    return run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False).outcomes()
+
+
+def _child(config_json: str, resume: bool, progress_path: str) -> None:
+    config = WorkloadConfig.model_validate_json(config_json)
+    with open(progress_path, "a", buffering=1) as progress:
+        run_workload(config, resume=resume, on_turn=lambda rid, turn: progress.write(f"{rid} {turn}\n"))
+
+
+def committed_by_progress(progress_path: Path) -> dict[str, int]:
+    """Turns per rollout the child reported durable (complete lines only)."""
+    done: dict[str, int] = {}
+    if progress_path.exists():
+        for line in progress_path.read_text().splitlines(keepends=True):
+            if line.endswith("\n"):
+                rid, turn = line.split()
+                done[rid] = max(done.get(rid, 0), int(turn) + 1)
+    return done
+
+
+def run_child_and_kill(config: WorkloadConfig, *, resume: bool, kill_after_turns: int, extra_delay_s: float,
+                       progress_path: Path, timeout_s: float = 120.0) -> bool:
+    """Run the workload in a child; SIGKILL it once ``kill_after_turns`` more turns are
+    durable (plus a delay, so the kill lands anywhere). True if it was killed."""
+    before = sum(1 for _ in progress_path.open()) if progress_path.exists() else 0
+    child = _CTX.Process(target=_child, args=(config.model_dump_json(), resume, str(progress_path)))
+    child.start()
+    deadline = time.monotonic() + timeout_s
+    try:
+        while child.is_alive() and time.monotonic() < deadline:
+            lines = sum(1 for _ in progress_path.open()) if progress_path.exists() else 0
+            if lines - before >= kill_after_turns:
+                time.sleep(extra_delay_s)
+                try:
+                    os.kill(child.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass  # it finished first
+                break
+            time.sleep(0.002)
+        child.join(timeout_s)
+    finally:
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode in (0, -signal.SIGKILL), f"workload child failed with exit code {child.exitcode}"
+    return child.exitcode == -signal.SIGKILL
+
+
+def journal_turns(config: WorkloadConfig) -> dict[str, tuple[int, bool]]:
+    """(committed turns, finished) per rollout, as a restore would see them."""
+    if "://" not in config.journal and not (Path(config.journal) / "log").exists():
+        return {spec.rollout_id: (0, False) for spec in workload_specs(config)}  # killed before it began
+    with open_journal(config.journal, writer=f"{config.writer}-inspect", read_only=True) as journal:
+        plan = load_rollouts(journal)
+    out = {}
+    for spec in workload_specs(config):
+        history = plan.rollouts.get(spec.rollout_id)
+        state = fold(spec, history).state if history else None
+        out[spec.rollout_id] = (state.next_turn, state.finished) if state else (0, False)
+    return out
+
+
+def assert_no_mutation_applied_twice(config: WorkloadConfig) -> None:
+    """Every resource's journaled mutations form one unbroken hash chain per life
+    (a restart-only resource starts a new one), with no idempotency key twice."""
+    rollouts = {s.rollout_id for s in workload_specs(config)}
+    chains: dict[str, list[list]] = defaultdict(list)
+    report = ReadReport()
+    with open_journal(config.journal, writer=f"{config.writer}-audit", read_only=True) as journal:
+        for item in journal.scan(report):
+            event = item.event
+            if event.header.rollout_id not in rollouts:
+                continue
+            if isinstance(event, AttemptStarted) and event.resumed_from_turn == 0:
+                for chain in [c for rid, c in chains.items() if rid.startswith(event.header.rollout_id + "/")]:
+                    chain.append([])
+            if isinstance(event, ResourceMutation):
+                lives = chains[event.resource_id]
+                if not lives:
+                    lives.append([])
+                lives[-1].append(mutation_record(event))
+    assert not report.errors, report.errors
+    for resource_id, lives in chains.items():
+        for records in lives:
+            verify_chain(resource_id, records)
+            keys = [r.idempotency_key for r in records]
+            assert len(keys) == len(set(keys)), f"{resource_id}: an idempotency key was applied twice"
+
+
+def assert_identical(report: RunReport, reference: dict[str, dict]) -> None:
+    outcomes = report.outcomes()
+    assert outcomes.keys() == reference.keys()
+    for rid, expected in reference.items():
+        assert outcomes[rid] == expected, f"{rid} differs from the uninterrupted run"

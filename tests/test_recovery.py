@@ -1,0 +1,190 @@
+"""Turn-level recovery end to end, on the file journal and on a real Kafka broker."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from journal.backend import OutRecord, Stream
+from journal.errors import FencedWriteError
+from journal.events import TurnCompleted, Message
+from journal.journal import ReadReport
+from journal.open import open_journal
+from participants.config import WorkloadConfig
+from participants.resources import StaleEpochError
+from participants.runner import Runner, workload_specs
+from participants.workload import build_backend, run_workload
+from tests.recovery_support import (
+    assert_identical, assert_no_mutation_applied_twice, journal_turns, reference_outcomes, run_child_and_kill,
+)
+
+BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]
+
+
+@pytest.fixture(params=BACKENDS)
+def journal_location(request, tmp_path: Path) -> str:
+    if request.param == "file":
+        return str(tmp_path / "journal")
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
+    namespace = request.getfixturevalue("kafka_namespace")
+    return f"kafka://{bootstrap}/{namespace}?partitions=4"
+
+
+def workload(location: str, **overrides) -> WorkloadConfig:
+    base = dict(name="wl", groups=1, siblings=3, max_turns=5, environment="workplace", seed=3,
+                allow_early_submit=False, journal=location, snapshot_every_turns=2)
+    return WorkloadConfig(**(base | overrides))
+
+
+def test_a_finished_b_at_two_c_at_four_nothing_is_thrown_away(journal_location: str) -> None:
+    config = workload(journal_location)
+    a, b, c = (s.rollout_id for s in workload_specs(config))
+    reference = reference_outcomes(config)
+    run_workload(config, resume=False, stop_after={a: 5, b: 2, c: 4})  # the crash
+    assert journal_turns(config) == {a: (5, True), b: (2, False), c: (4, False)}
+
+    resumed = run_workload(config, resume=True)
+
+    rows = resumed.rollouts
+    assert rows[a].reused_result and rows[a].turns_run_here == 0  # offered again, not recomputed
+    assert (rows[b].turns_run_here, rows[c].turns_run_here) == (3, 1)  # B and C keep their turns
+    assert not any(r.restarted_from_zero for r in rows.values())
+    thrown_away = sum(r.turns_committed_before for r in rows.values() if r.restarted_from_zero)
+    naive = sum(r.turns_committed_before for r in rows.values() if not r.reused_result)
+    assert (thrown_away, naive) == (0, 6)
+    assert_identical(resumed, reference)
+    assert_no_mutation_applied_twice(config)
+
+
+def test_only_rollouts_on_the_restart_only_sandbox_start_over(journal_location: str) -> None:
+    config = workload(journal_location, groups=2, siblings=2, max_turns=4, environment="workplace,sandbox")
+    specs = workload_specs(config)
+    reference = reference_outcomes(config)
+    run_workload(config, resume=False, stop_after={s.rollout_id: 2 for s in specs})
+
+    resumed = run_workload(config, resume=True)
+
+    for spec in specs:
+        row = resumed.rollouts[spec.rollout_id]
+        if spec.environment == "sandbox":
+            assert row.restarted_from_zero and row.turns_run_here == 4
+        else:
+            assert not row.restarted_from_zero and row.turns_run_here == 2
+    assert_identical(resumed, reference)
+    assert_no_mutation_applied_twice(config)
+
+
+def test_a_corrupt_snapshot_falls_back_to_the_previous_one_and_a_longer_replay(journal_location: str) -> None:
+    config = workload(journal_location, siblings=1, max_turns=6, snapshot_every_turns=1)
+    (rid,) = (s.rollout_id for s in workload_specs(config))
+    reference = reference_outcomes(config)
+    run_workload(config, resume=False, stop_after={rid: 4})
+    with open_journal(config.journal, writer="vandal") as journal:
+        journal.backend.commit([OutRecord(Stream.SNAPSHOTS, rid, b"\xc3\x01not a snapshot at all", rid)])
+
+    resumed = run_workload(config, resume=True)
+
+    assert resumed.read_errors, "the corrupt snapshot should be reported"
+    assert resumed.rollouts[rid].turns_committed_before == 4 and resumed.rollouts[rid].turns_run_here == 2
+    assert_identical(resumed, reference)
+
+
+def test_a_crash_while_a_snapshot_is_written_loses_only_that_uncommitted_turn(tmp_path: Path) -> None:
+    config = workload(str(tmp_path / "journal"), siblings=1, max_turns=6, snapshot_every_turns=2)
+    (rid,) = (s.rollout_id for s in workload_specs(config))
+    reference = reference_outcomes(config)
+    run_workload(config, resume=False, stop_after={rid: 4})  # turn 4's commit carries a snapshot
+    segment = sorted((tmp_path / "journal" / "log").glob("*.seg"))[-1]
+    data = segment.read_bytes()
+    segment.write_bytes(data[: len(data) - 200])  # the process died while writing that commit
+
+    assert journal_turns(config) == {rid: (3, False)}
+    resumed = run_workload(config, resume=True)
+    assert resumed.rollouts[rid].turns_run_here == 3
+    assert_identical(resumed, reference)
+
+
+def test_a_zombie_attempt_is_refused_by_the_journal_and_by_resources(journal_location: str) -> None:
+    config = workload(journal_location, siblings=1, max_turns=6)
+    (rid,) = (s.rollout_id for s in workload_specs(config))
+    reference = reference_outcomes(config)
+    kafka = journal_location.startswith("kafka://")
+
+    async def scenario() -> None:
+        zombie_journal = open_journal(config.journal, writer="worker-0")
+        zombie = Runner(config, zombie_journal, build_backend(config), build_backend(config).tokenizer)
+        await zombie.run(resume=False, stop_after={rid: 2})  # attempt 1 stalls (a network partition, say)
+        zombie_live = zombie.live[rid]
+        if not kafka:
+            zombie_journal.close()  # the file journal's lock admits one writer: a zombie process would block attempt 2
+
+        # Attempt 2 takes over on another worker slot.
+        successor_config = config.model_copy(update={"writer": "worker-1"})
+        journal = open_journal(config.journal, writer="worker-1")
+        successor = Runner(successor_config, journal, build_backend(config), build_backend(config).tokenizer)
+        await successor.run(resume=True, stop_after={rid: 3})
+        live = successor.live[rid]
+        assert live.state.epoch == zombie_live.state.epoch + 1
+
+        # The zombie wakes up and keeps going against the same resource server...
+        zombie_live.env = live.env
+        with pytest.raises(StaleEpochError):
+            await zombie.agent.run_turn(zombie_live)
+        # ...and its journal writes: refused outright by a journal that knows the fence,
+        stale = TurnCompleted(zombie_live.state.header(), [Message("assistant", "zombie")], [], {}, None, ["zombie()"])
+        with pytest.raises(FencedWriteError):
+            journal.append([stale])
+        # ...and dropped by every reader when written from a process that does not know it.
+        if kafka:
+            zombie_journal.append_sync([stale])
+            zombie_journal.close()
+        final = await successor.run(resume=True)
+        journal.close()
+        assert_identical(final, reference)
+        if kafka:
+            report = ReadReport()
+            with open_journal(config.journal, writer="audit", read_only=True) as reader:
+                list(reader.read_rollout(rid, report=report))
+            assert [d.record for d in report.fenced] == ["TurnCompleted"]
+
+    asyncio.run(scenario())
+
+
+def _crash_trials(journal_location: str, tmp_path: Path, trials: int, seed: int) -> None:
+    rng = random.Random(seed)
+    for trial in range(trials):
+        config = workload(journal_location, name=f"crash{trial}", groups=2, siblings=2, max_turns=4,
+                          environment="workplace,counter", snapshot_every_turns=rng.choice([1, 2, 3]))
+        if not journal_location.startswith("kafka://"):
+            config = config.model_copy(update={"journal": str(tmp_path / f"journal-{trial}")})
+        reference = reference_outcomes(config)
+        progress = tmp_path / f"progress-{trial}.txt"
+        total = config.groups * config.siblings * config.max_turns
+        run_child_and_kill(config, resume=False, kill_after_turns=rng.randrange(total),
+                           extra_delay_s=rng.random() * 0.02, progress_path=progress)
+        if rng.random() < 0.5:  # and crash again, during the resume (possibly during restore itself)
+            run_child_and_kill(config, resume=True, kill_after_turns=rng.randrange(total // 2),
+                               extra_delay_s=rng.random() * 0.02, progress_path=progress)
+        durable = {rid: n for rid, n in _reported(progress).items()}
+        in_journal = journal_turns(config)
+        for rid, turns in durable.items():
+            assert in_journal[rid][0] >= turns, f"trial {trial}: {rid} lost a committed turn"
+        final = run_workload(config, resume=True)
+        assert_identical(final, reference)
+        assert_no_mutation_applied_twice(config)
+
+
+def _reported(progress: Path) -> dict[str, int]:
+    from tests.recovery_support import committed_by_progress
+    return committed_by_progress(progress)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_points_loses_no_committed_turn(journal_location: str, tmp_path: Path) -> None:
+    default = "50" if journal_location.startswith("kafka://") is False else "20"
+    trials = int(os.environ.get("ROLLOUT_JOURNAL_CRASH_TRIALS", default))
+    _crash_trials(journal_location, tmp_path, trials, seed=int(os.environ.get("ROLLOUT_JOURNAL_CRASH_SEED", "1")))
