@@ -91,7 +91,11 @@ class LiveRollout:
     turns_since_snapshot: int = 0
     turns_run_here: int = 0  # turns this process executed (work accounting)
     tokens_run_here: int = 0
-    finished_event: asyncio.Event = field(default_factory=asyncio.Event)
+    at_boundary: asyncio.Event = field(default_factory=asyncio.Event)  # set between turns: safe to checkpoint
+    acknowledged: asyncio.Event = field(default_factory=asyncio.Event)  # the trainer took its result
+
+    def __post_init__(self) -> None:
+        self.at_boundary.set()
 
 
 class Agent:
@@ -136,14 +140,26 @@ class Agent:
                                self.config.topology(), reason)
         return [event]
 
-    def snapshot_draft(self, live: LiveRollout) -> SnapshotDraft:
+    def snapshot_draft(self, live: LiveRollout, resource_states: dict[str, bytes] | None = None) -> SnapshotDraft:
+        """The rollout's state as a snapshot; exportable resources export themselves
+        unless ``resource_states`` (exported by a coordinated checkpoint) is given."""
         state = live.state
-        state.resource_states = {rid: r.export_state() for rid, r in live.env.resources.items() if r.supports_export}
+        if resource_states is None:
+            resource_states = {rid: r.export_state() for rid, r in live.env.resources.items() if r.supports_export}
+        state.resource_states = resource_states
         header = state.snapshot_header()
         return SnapshotDraft(header, "finished" if state.finished else "running", header.seq, state.to_bytes())
 
     async def run_turn(self, live: LiveRollout) -> None:
-        await self.turn_boundary.wait()
+        while not self.turn_boundary.is_set():  # re-check: a checkpoint may close it again before we run
+            await self.turn_boundary.wait()
+        live.at_boundary.clear()
+        try:
+            await self._turn(live)
+        finally:
+            live.at_boundary.set()
+
+    async def _turn(self, live: LiveRollout) -> None:
         state, env = live.state, live.env
         rollout_id, turn = state.spec.rollout_id, state.next_turn
         actions = env.action_space()
@@ -181,8 +197,10 @@ class Agent:
         live.turns_since_snapshot += 1
         live.bytes_since_snapshot += int(call.prompt.nbytes) + int(call.generation.output_ids.nbytes) * 2
         snapshot = None
-        if last or live.turns_since_snapshot >= self.config.snapshot_every_turns \
-                or live.bytes_since_snapshot >= self.config.snapshot_max_bytes:
+        periodic = self.config.checkpoint_mode == "snapshot" and (
+            live.turns_since_snapshot >= self.config.snapshot_every_turns
+            or live.bytes_since_snapshot >= self.config.snapshot_max_bytes)
+        if last or periodic:
             snapshot = self.snapshot_draft(live)
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
         await self.sink.commit(events, snapshot)

@@ -41,6 +41,11 @@ class WorkloadConfig(BaseModel):
     concurrency: int = Field(64, ge=1, description="rollouts in flight at once")
     turn_delay_ms: float = Field(0.0, ge=0.0, description="simulated environment latency per turn")
     journaling: bool = Field(True, description="off only to measure journaling overhead")
+    checkpoint_mode: Literal["snapshot", "coordinated"] = Field(
+        "snapshot", description="snapshot: ride along with turn commits, never pause; coordinated: periodic "
+                                "stop-the-world checkpoints that export resource state living outside the journal")
+    coordinated_every_s: float = Field(1.0, gt=0.0)
+    prepare_timeout_s: float = Field(2.0, gt=0.0, description="coordinated mode: skip a rollout not parked in time")
     allow_early_submit: bool = Field(True, description="let the model end a rollout before max_turns with submit()")
 
     @classmethod

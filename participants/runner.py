@@ -21,6 +21,8 @@ from journal.journal import Journal
 from journal.restore import RolloutHistory, load_rollouts
 
 from .agent import Agent, JournalSink, LiveRollout, NullSink
+from .checkpoint import CoordinatedCheckpointer, StateExporter
+from .resource_server import InProcessExporter
 from .config import WorkloadConfig
 from .environments import make_environment
 from .generation import GenerationBackend
@@ -74,7 +76,11 @@ ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that tu
 
 class Runner:
     def __init__(self, config: WorkloadConfig, journal: Journal | None, backend: GenerationBackend,
-                 tokenizer: ChatTokenizer, *, progress: ProgressCallback | None = None) -> None:
+                 tokenizer: ChatTokenizer, *, progress: ProgressCallback | None = None,
+                 exporter: StateExporter | None = None, hold_until_acknowledged: bool = False) -> None:
+        """``hold_until_acknowledged`` keeps a finished rollout waiting for the trainer's
+        acknowledgement (``acknowledge``) before the run may end, as a GRPO trainer holds a
+        prompt group until every sibling is in."""
         self.config = config
         self.journal = journal
         self.model = ModelParticipant(backend, max_in_flight=config.model.max_concurrent_calls)
@@ -83,6 +89,12 @@ class Runner:
         self.progress = progress or (lambda rollout_id, turn: None)
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}
+        self.hold_until_acknowledged = hold_until_acknowledged
+        self.checkpointer: CoordinatedCheckpointer | None = None
+        if config.checkpoint_mode == "coordinated" and journal is not None and config.journaling:
+            self.checkpointer = CoordinatedCheckpointer(
+                journal, self.agent, self.model, exporter or InProcessExporter(),
+                prepare_timeout_s=config.prepare_timeout_s)
 
     async def run(self, *, resume: bool, stop_after: dict[str, int] | None = None) -> RunReport:
         """Drive every rollout to its end. ``stop_after`` leaves the named rollouts
@@ -121,11 +133,21 @@ class Runner:
                 while not live.state.finished and (limit is None or live.state.next_turn < limit):
                     await self.agent.run_turn(live)
                     self.progress(live.state.spec.rollout_id, live.state.next_turn - 1)
-                live.finished_event.set()
+            if live.state.finished and self.hold_until_acknowledged:
+                await live.acknowledged.wait()
 
+        async def checkpoints() -> None:
+            while True:
+                await asyncio.sleep(self.config.coordinated_every_s)
+                await self.checkpointer.checkpoint(self.live.values())
+
+        periodic = asyncio.create_task(checkpoints()) if self.checkpointer else None
         try:
             await asyncio.gather(*(drive(live) for live in self.live.values()))
         finally:
+            if periodic is not None:
+                periodic.cancel()
+                await asyncio.gather(periodic, return_exceptions=True)
             for live in self.live.values():
                 live.env.close()
         for rid, live in self.live.items():
@@ -172,7 +194,12 @@ class Runner:
     async def acknowledge(self, rollout_ids: list[str], by: str = "trainer") -> None:
         """The trainer took these results: journal it and tombstone their snapshots."""
         if self.journal is None:
+            for rid in rollout_ids:
+                self.live[rid].acknowledged.set()
             return
         futures = [self.journal.acknowledge(self.states[rid].header(), by) for rid in rollout_ids]
         for f in futures:
             await asyncio.wrap_future(f)
+        for rid in rollout_ids:
+            if rid in self.live:
+                self.live[rid].acknowledged.set()

@@ -1,0 +1,118 @@
+"""Coordinated checkpoints: a consistent cut for resource state that lives outside the journal."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from journal.open import open_journal
+from participants.config import WorkloadConfig
+from participants.resource_server import HttpStateExporter, ResourceServer
+from participants.runner import Runner, workload_specs
+from participants.workload import build_backend, run_workload
+from tests.recovery_support import assert_identical, reference_outcomes
+
+
+def coordinated(tmp_path: Path, **overrides) -> WorkloadConfig:
+    base = dict(name="co", groups=2, siblings=2, max_turns=5, environment="counter", seed=5,
+                allow_early_submit=False, journal=str(tmp_path / "journal"), checkpoint_mode="coordinated",
+                coordinated_every_s=3600.0, turn_delay_ms=15.0)
+    return WorkloadConfig(**(base | overrides))
+
+
+def runner_with_server(config: WorkloadConfig, journal, **kwargs) -> tuple[Runner, ResourceServer]:
+    holder: dict[str, Runner] = {}
+
+    def lookup(resource_id: str):
+        live = holder["runner"].live.get(resource_id.split("/", 1)[0])
+        return live.env.resources.get(resource_id) if live else None
+
+    server = ResourceServer(lookup=lookup)
+    backend = build_backend(config)
+    runner = Runner(config, journal, backend, backend.tokenizer, exporter=HttpStateExporter(server.url), **kwargs)
+    holder["runner"] = runner
+    return runner, server
+
+
+async def until(predicate, timeout_s: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def test_an_http_500_during_export_is_retried_and_the_checkpoint_restores(tmp_path: Path) -> None:
+    config = coordinated(tmp_path)
+    reference = reference_outcomes(config)
+    specs = workload_specs(config)
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner, server = runner_with_server(config, journal)
+            with server:
+                run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 3 for s in specs}))
+                await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 4)
+                server.fail_next(2, status=500)
+                report = await runner.checkpointer.checkpoint(runner.live.values())
+                await run
+        assert report.retries == 2
+        assert set(report.included) == {s.rollout_id for s in specs} and not report.skipped
+        assert report.pause_ms > 0
+
+    asyncio.run(scenario())
+    resumed = run_workload(config, resume=True)  # a crash after the checkpoint: restore from it
+    assert_identical(resumed, reference)
+
+
+def test_a_rollout_not_at_a_turn_boundary_in_time_is_skipped_not_fatal(tmp_path: Path) -> None:
+    config = coordinated(tmp_path, turn_delay_ms=400.0, prepare_timeout_s=0.05)
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner, server = runner_with_server(config, journal)
+            with server:
+                run = asyncio.create_task(runner.run(resume=False))
+                await until(lambda: runner.live and all(not l.at_boundary.is_set() for l in runner.live.values()))
+                report = await runner.checkpointer.checkpoint(runner.live.values())
+                assert set(report.skipped) == set(runner.live) and not report.included
+                assert all("turn boundary" in why for why in report.skipped.values())
+                assert report.pause_ms < 1000  # bounded by the prepare timeout, not by the slow turns
+                await run
+
+    asyncio.run(scenario())
+
+
+def _seed_with_an_early_finisher() -> int:
+    for seed in range(60):
+        config = WorkloadConfig(name="ack", groups=1, siblings=3, max_turns=6, environment="counter", seed=seed,
+                                journaling=False)
+        turns = [o["turns"] for o in run_workload(config, resume=False).outcomes().values()]
+        if min(turns) < max(turns):
+            return seed
+    raise AssertionError("no seed gives a sibling that finishes early")
+
+
+def test_a_finished_sibling_waiting_for_its_acknowledgement_does_not_deadlock_prepare(tmp_path: Path) -> None:
+    seed = _seed_with_an_early_finisher()
+    config = coordinated(tmp_path, name="ack", groups=1, siblings=3, max_turns=6, seed=seed,
+                         allow_early_submit=True, turn_delay_ms=60.0)
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner, server = runner_with_server(config, journal, hold_until_acknowledged=True)
+            with server:
+                run = asyncio.create_task(runner.run(resume=False))
+                await until(lambda: any(l.state.finished for l in runner.live.values())
+                            and not all(l.state.finished for l in runner.live.values()))
+                finished = [rid for rid, l in runner.live.items() if l.state.finished]
+                report = await asyncio.wait_for(runner.checkpointer.checkpoint(runner.live.values()), 10)
+                assert set(finished) <= set(report.included)
+                await until(lambda: all(l.state.finished for l in runner.live.values()))
+                assert not run.done(), "the group is held until the trainer acknowledges it"
+                await runner.acknowledge(list(runner.live))
+                await asyncio.wait_for(run, 10)
+            assert not journal.snapshots().snapshots, "acknowledged rollouts leave the snapshot stream"
+
+    asyncio.run(scenario())
