@@ -60,34 +60,74 @@ _PLANS: dict[type, tuple[_FieldPlan, ...]] = {
 }
 
 
+def _pack(value: Any, dtype: str) -> bytes:
+    if isinstance(value, np.ndarray) and value.dtype == dtype:
+        return value.tobytes()  # already packed: one memcpy, no per-element work
+    return np.ascontiguousarray(value, dtype=dtype).tobytes()
+
+
+def _encoder_source(cls: type) -> str:
+    """Source of a function turning one ``cls`` into the dict fastavro writes.
+
+    Generated once per record type (as ``dataclasses`` generates ``__init__``):
+    encoding is the journal's hot path and a generic field loop costs about as
+    much as the Avro write itself.
+    """
+    items = []
+    for p in _PLANS[cls]:
+        ref = f"o.{p.name}"
+        if p.kind is _Kind.PACKED:
+            expr = f"_pack({ref}, {p.dtype!r})"
+        elif p.kind is _Kind.NESTED:
+            expr = f"(None if {ref} is None else _encode_{p.cls.__name__}({ref}))"
+        elif p.kind is _Kind.NESTED_LIST:
+            expr = f"[_encode_{p.cls.__name__}(v) for v in {ref}]"
+        else:
+            expr = ref
+        items.append(f"{p.name!r}: {expr}")
+    return f"def _encode_{cls.__name__}(o):\n    return {{{', '.join(items)}}}\n"
+
+
+_ENCODERS: dict[type, Any] = {}
+_namespace: dict[str, Any] = {"_pack": _pack}
+for _cls in sorted(_PLANS, key=lambda c: c not in set(NESTED_TYPES.values())):  # nested types first
+    exec(_encoder_source(_cls), _namespace)  # noqa: S102 - source built above from our own field names
+    _ENCODERS[_cls] = _namespace[f"_encode_{_cls.__name__}"]
+
+
 def to_avro_dict(obj: Any) -> dict[str, Any]:
     """A record dataclass as the dict fastavro writes; arrays become packed bytes."""
-    out: dict[str, Any] = {}
-    for p in _PLANS[type(obj)]:
-        value = getattr(obj, p.name)
+    return _ENCODERS[type(obj)](obj)
+
+
+def _decoder_source(cls: type) -> str:
+    """Source of the inverse of the encoder: dict from fastavro -> ``cls``; packed
+    arrays become read-only views over the record's bytes (no copy)."""
+    args = []
+    for p in _PLANS[cls]:
+        ref = f"d[{p.name!r}]"
         if p.kind is _Kind.PACKED:
-            value = np.ascontiguousarray(value, dtype=p.dtype).tobytes()
+            expr = f"_frombuffer({ref}, {p.dtype!r})"
         elif p.kind is _Kind.NESTED:
-            value = None if value is None else to_avro_dict(value)
+            expr = f"(None if {ref} is None else _decode_{p.cls.__name__}({ref}))"
         elif p.kind is _Kind.NESTED_LIST:
-            value = [to_avro_dict(v) for v in value]
-        out[p.name] = value
-    return out
+            expr = f"[_decode_{p.cls.__name__}(v) for v in {ref}]"
+        else:
+            expr = ref
+        args.append(expr)
+    return f"def _decode_{cls.__name__}(d):\n    return _{cls.__name__}({', '.join(args)})\n"
+
+
+_DECODERS: dict[type, Any] = {}
+_namespace.update({"_frombuffer": np.frombuffer}, **{f"_{c.__name__}": c for c in _PLANS})
+for _cls in sorted(_PLANS, key=lambda c: c not in set(NESTED_TYPES.values())):
+    exec(_decoder_source(_cls), _namespace)  # noqa: S102 - source built above from our own field names
+    _DECODERS[_cls] = _namespace[f"_decode_{_cls.__name__}"]
 
 
 def from_avro_dict(cls: type, data: dict[str, Any]) -> Any:
-    """The inverse of :func:`to_avro_dict`; packed arrays become read-only views."""
-    kwargs: dict[str, Any] = {}
-    for p in _PLANS[cls]:
-        value = data[p.name]
-        if p.kind is _Kind.PACKED:
-            value = np.frombuffer(value, dtype=p.dtype)
-        elif p.kind is _Kind.NESTED:
-            value = None if value is None else from_avro_dict(p.cls, value)
-        elif p.kind is _Kind.NESTED_LIST:
-            value = [from_avro_dict(p.cls, v) for v in value]
-        kwargs[p.name] = value
-    return cls(**kwargs)
+    """The inverse of :func:`to_avro_dict`."""
+    return _DECODERS[cls](data)
 
 
 class Codec:
@@ -111,9 +151,8 @@ class Codec:
     def encode_with(self, record: Record, version: SchemaVersion) -> bytes:
         """Encode with a given (possibly old) writer schema; fields it lacks are dropped."""
         buf = io.BytesIO()
-        buf.write(MAGIC)
-        buf.write(version.fingerprint)
-        schemaless_writer(buf, version.parsed, to_avro_dict(record))
+        buf.write(MAGIC + version.fingerprint)
+        schemaless_writer(buf, version.parsed, _ENCODERS[type(record)](record))
         return buf.getvalue()
 
     def decode(self, data: bytes, location: RecordLocation) -> Record:
@@ -135,7 +174,7 @@ class Codec:
             raise CorruptRecordError(location, f"Avro body of {cls.RECORD} v{writer.version} unreadable: {exc!r}") from exc
         if body.tell() != len(data):
             raise CorruptRecordError(location, f"{len(data) - body.tell()} trailing bytes after {cls.RECORD} body")
-        return from_avro_dict(cls, raw)
+        return _DECODERS[cls](raw)
 
     def record_type(self, data: bytes) -> type | None:
         """The record class named by an encoded record's fingerprint, or None."""

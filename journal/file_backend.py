@@ -2,18 +2,28 @@
 
 Layout of a journal directory::
 
-    LOCK                      one writer at a time (flock), holds the writer's pid
-    log/<base offset>.seg     frames: event and snapshot records, commit markers
-    snapshots.compact         latest snapshot records per key (derived, rewritten)
+    LOCK                       one writer at a time (flock), holds the writer's pid
+    log/<base offset>.seg      event frames and commit markers: the audit trail
+    snapshots/<gen>.snap       snapshot frames (the compacted stream), generation <gen>
 
 A frame is ``b"RJ" | type:u8 | key_len:u16 | value_len:u32 | crc32:u32 | key | value``
-(little-endian; value_len ``0xFFFFFFFF`` is a tombstone). A commit writes its
-records followed by a COMMIT frame and fsyncs once, so a batch is atomic: on
-open, bytes after the last COMMIT frame (a torn tail) are cut, and readers
-hand out records only once they have seen the marker that commits them. An
-offset is a byte position in the concatenated log, like Kafka's offsets it is
-monotonic but not contiguous. The CRC lets a reader detect a corrupt record,
+(little-endian; value_len ``0xFFFFFFFF`` is a tombstone). A commit first
+appends its snapshot frames to the current ``.snap`` file and fsyncs it, then
+appends its event frames and a COMMIT frame to the log and fsyncs that. The
+COMMIT frame names the snapshot generation and length it commits, so the log
+is the single commit point: on open, log bytes after the last COMMIT (a torn
+tail) are cut, and so are ``.snap`` bytes past the committed length. Readers
+hand out event records only once they have seen the COMMIT that covers them.
+
+An offset is a byte position in the concatenated log; like Kafka's offsets it
+is monotonic but not contiguous. The CRC lets a reader detect a corrupt record,
 report it by file and position, and resynchronise on the next valid frame.
+
+Snapshots live apart from events so that reading the snapshot stream (every
+restore does) costs the size of the live snapshot set, not of the history.
+Compaction writes the newest two values of each live key into generation
+``gen + 1`` (tmp file, fsync, rename) and drops tombstoned keys; the next
+COMMIT then names the new generation.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ _TOMBSTONE_LEN = 0xFFFFFFFF
 _MAX_VALUE_LEN = 256 * 1024 * 1024
 
 EVENT, SNAPSHOT, COMMIT = 1, 2, 3
-_TYPE_OF_STREAM = {Stream.EVENTS: EVENT, Stream.SNAPSHOTS: SNAPSHOT}
+_TAIL_SCAN = 1 << 20  # bytes read at a time when looking backwards for the last commit marker
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +70,11 @@ def encode_frame(type_: int, key: str, value: bytes | None) -> bytes:
     return _HEADER.pack(FRAME_MAGIC, type_, len(key_bytes), value_len, crc) + body
 
 
+def _commit_value(value: bytes | None) -> tuple[int, int]:
+    generation, _, length = (value or b"0:0").decode().partition(":")
+    return int(generation), int(length or 0)
+
+
 def _segment_name(base: int) -> str:
     return f"{base:020d}.seg"
 
@@ -77,26 +92,33 @@ class FileBackend(Backend):
         read_only: bool = False,
         fsync: bool = True,
         segment_bytes: int = 64 * 1024 * 1024,
-        compact_after_bytes: int = 16 * 1024 * 1024,
+        min_compaction_bytes: int = 1024 * 1024,
+        max_dirty_ratio: float = 0.25,
     ) -> None:
+        """``max_dirty_ratio``: compact once superseded snapshot bytes could exceed this share
+        of the snapshot file (and it grew by ``min_compaction_bytes``), so reading the snapshot
+        stream costs about the live set, whatever the history."""
         self.root = Path(root)
         self.read_only = read_only
         self.fsync = fsync
         self.segment_bytes = segment_bytes
-        self.compact_after_bytes = compact_after_bytes
+        self.min_compaction_bytes = min_compaction_bytes
+        self.max_dirty_ratio = max_dirty_ratio
         self._log_dir = self.root / "log"
-        self._compact_path = self.root / "snapshots.compact"
+        self._snap_dir = self.root / "snapshots"
         self._lock_file = None
         self._active = None
+        self._snap_file = None
         if read_only:
             if not self._log_dir.is_dir():
                 raise ConfigurationError(f"no file journal at {self.root} (missing {self._log_dir})")
-        else:
-            self._log_dir.mkdir(parents=True, exist_ok=True)
-            self._acquire_lock()
-            self._cut_torn_tail()
-            self._open_active()
-        self._snapshot_bytes_since_compaction = 0
+            return
+        self._log_dir.mkdir(parents=True, exist_ok=True)
+        self._snap_dir.mkdir(exist_ok=True)
+        self._acquire_lock()
+        self._cut_torn_tail()
+        self._open_active()
+        self._open_snapshots()
 
     # -- writer side -------------------------------------------------------
     def _acquire_lock(self) -> None:
@@ -147,6 +169,70 @@ class FileBackend(Backend):
                 f.truncate(last_commit_end)
                 os.fsync(f.fileno())
 
+    def _snap_path(self, generation: int) -> Path:
+        return self._snap_dir / f"{generation:010d}.snap"
+
+    def _snap_generations(self) -> list[int]:
+        return sorted(int(p.stem) for p in self._snap_dir.glob("*.snap")) if self._snap_dir.is_dir() else []
+
+    def _committed_snapshots(self) -> tuple[int, int | None]:
+        """(generation, committed length) of the snapshot file to read; length None: all of it.
+
+        The newest generation wins: if it is newer than the last commit names, it
+        is a compaction's complete output, renamed into place before any commit used it.
+        """
+        generation, length = self._last_commit()
+        generations = self._snap_generations()
+        newest = generations[-1] if generations else generation
+        if newest > generation:
+            return newest, None
+        if newest < generation:
+            raise ConfigurationError(
+                f"file journal {self.root}: snapshot generation {generation} named by the log is missing "
+                f"from {self._snap_dir}; the journal directory was altered"
+            )
+        return generation, length
+
+    def _open_snapshots(self) -> None:
+        generation, length = self._committed_snapshots()
+        path = self._snap_path(generation)
+        path.touch()
+        if length is not None and path.stat().st_size > length:
+            log.warning("file journal %s: cutting %d uncommitted snapshot bytes (torn tail after a crash)",
+                        path, path.stat().st_size - length)
+            with open(path, "r+b") as f:
+                f.truncate(length)
+                os.fsync(f.fileno())
+        for older in self._snap_generations():
+            if older < generation:
+                self._snap_path(older).unlink()
+        self._snap_gen = generation
+        self._snap_file = open(path, "ab")
+        self._snap_end = self._snap_file.tell()
+        self._snap_compacted_size = self._snap_end
+
+    def _last_commit(self) -> tuple[int, int]:
+        """(snapshot generation, snapshot length) named by the log's last COMMIT frame."""
+        if self._snap_file is not None:
+            return self._snap_gen, self._snap_end
+        for base, path in reversed(self._segments()):
+            size = path.stat().st_size
+            window = _TAIL_SCAN
+            with open(path, "rb") as f:
+                while True:
+                    start = max(0, size - window)
+                    f.seek(start)
+                    data = f.read(size - start)
+                    pos = len(data)
+                    while (pos := data.rfind(FRAME_MAGIC + bytes((COMMIT,)), 0, pos)) >= 0:
+                        frame = self._parse(data, pos, base + start, path)
+                        if frame.error is None and frame.type == COMMIT:
+                            return _commit_value(frame.value)
+                    if start == 0:
+                        break
+                    window *= 4
+        return 0, 0
+
     def _open_active(self) -> None:
         segments = self._segments()
         if not segments:
@@ -176,29 +262,42 @@ class FileBackend(Backend):
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
         if self._active is None:
             raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot commit")
-        chunks: list[bytes] = []
+        event_frames: list[bytes] = []
+        snap_frames: list[bytes] = []
         locations: list[RecordLocation] = []
-        position = self._end
-        source = str(self._log_dir / _segment_name(self._active_base))
+        position, snap_position = self._end, self._snap_end
+        log_source = str(self._log_dir / _segment_name(self._active_base))
+        snap_source = str(self._snap_path(self._snap_gen))
         for record in records:
-            if record.value is None and record.stream is Stream.EVENTS:
-                raise ValueError(f"event record {record.key!r} has no value; only snapshots take tombstones")
-            frame = encode_frame(_TYPE_OF_STREAM[record.stream], record.key, record.value)
-            locations.append(RecordLocation(source, 0, position))
-            chunks.append(frame)
-            position += len(frame)
-            if record.stream is Stream.SNAPSHOTS:
-                self._snapshot_bytes_since_compaction += len(frame)
-        chunks.append(encode_frame(COMMIT, "", b""))
-        data = b"".join(chunks)
+            if record.stream is Stream.EVENTS:
+                if record.value is None:
+                    raise ValueError(f"event record {record.key!r} has no value; only snapshots take tombstones")
+                frame = encode_frame(EVENT, record.key, record.value)
+                locations.append(RecordLocation(log_source, 0, position))
+                event_frames.append(frame)
+                position += len(frame)
+            else:
+                frame = encode_frame(SNAPSHOT, record.key, record.value)
+                locations.append(RecordLocation(snap_source, 0, snap_position))
+                snap_frames.append(frame)
+                snap_position += len(frame)
+        if snap_frames:  # durable before the commit marker that makes them visible
+            self._snap_file.write(b"".join(snap_frames))
+            self._snap_file.flush()
+            if self.fsync:
+                os.fsync(self._snap_file.fileno())
+        event_frames.append(encode_frame(COMMIT, "", f"{self._snap_gen}:{snap_position}".encode()))
+        data = b"".join(event_frames)
         self._active.write(data)
         self._active.flush()
         if self.fsync:
             os.fsync(self._active.fileno())
         self._end += len(data)
+        self._snap_end = snap_position
         if self._end - self._active_base >= self.segment_bytes:
             self._roll_segment()
-        if self._snapshot_bytes_since_compaction >= self.compact_after_bytes:
+        grown = self._snap_end - self._snap_compacted_size
+        if grown >= self.min_compaction_bytes and grown >= self.max_dirty_ratio * self._snap_end:
             self.compact_snapshots()
         return locations
 
@@ -297,22 +396,22 @@ class FileBackend(Backend):
                 yield self._stored(path, frame)
 
     def read_snapshots(self) -> Iterator[StoredRecord]:
-        covered = 0
-        if self._compact_path.exists():
-            base = 0
-            for frame in self._frames_in(self._compact_path, base, 0):
-                if frame.error is None and frame.type == COMMIT:
-                    covered = int(frame.value.decode()) if frame.value else 0
-                    continue
-                yield self._stored(self._compact_path, frame)
-        for path, frame in self._committed_frames(covered):
-            if frame.error is None and frame.type == SNAPSHOT:
-                yield self._stored(path, frame)
+        generation, length = self._committed_snapshots()
+        path = self._snap_path(generation)
+        if not path.exists():
+            return
+        with open(path, "rb") as f:
+            data = f.read() if length is None else f.read(length)
+        pos = 0
+        while pos < len(data):
+            frame = self._parse(data, pos, 0, path)
+            yield self._stored(path, frame)
+            pos = frame.end if frame.error is None else self._resync(data, pos + 1, 0, path)
 
     def compact_snapshots(self, keep_per_key: int = 2) -> None:
-        """Rewrite ``snapshots.compact`` with the newest ``keep_per_key`` values of each
-        live key (the previous one is the fallback if the newest proves corrupt);
-        tombstoned keys are dropped. Crash-safe: write a temporary file, fsync, rename."""
+        """Write the next snapshot generation with the newest ``keep_per_key`` values of
+        each live key (the previous one is the fallback if the newest proves corrupt);
+        tombstoned keys are dropped. Crash-safe: tmp file, fsync, rename, then switch."""
         latest: dict[str, list[StoredRecord]] = {}
         for record in self.read_snapshots():
             if record.error is not None:
@@ -323,23 +422,30 @@ class FileBackend(Backend):
             kept = latest.setdefault(record.key, [])
             kept.append(record)
             del kept[:-keep_per_key]
-        end = self.end_offset()
-        tmp = self._compact_path.with_suffix(".tmp")
+        generation = self._snap_gen + 1
+        tmp = self._snap_path(generation).with_suffix(".tmp")
         with open(tmp, "wb") as f:
             for records in latest.values():
                 for record in records:
                     f.write(encode_frame(SNAPSHOT, record.key, record.value))
-            f.write(encode_frame(COMMIT, "", str(end).encode()))
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, self._compact_path)
-        self._fsync_dir(self.root)
-        self._snapshot_bytes_since_compaction = 0
+        os.replace(tmp, self._snap_path(generation))
+        self._fsync_dir(self._snap_dir)
+        old = self._snap_path(self._snap_gen)
+        self._snap_file.close()
+        self._snap_gen = generation
+        self._snap_file = open(self._snap_path(generation), "ab")
+        self._snap_end = self._snap_compacted_size = self._snap_file.tell()
+        old.unlink()
 
     def close(self) -> None:
         if self._active is not None:
             self._active.close()
             self._active = None
+        if self._snap_file is not None:
+            self._snap_file.close()
+            self._snap_file = None
         if self._lock_file is not None:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()

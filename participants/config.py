@@ -22,6 +22,8 @@ class ModelConfig(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(48, ge=1)
     max_concurrent_calls: int = Field(8, ge=1, description="admission gate: model calls in flight at once")
+    torch_threads: int = Field(1, ge=1, description="intra-op threads for the torch policy: the tiny model is "
+                                                   "latency-bound, one thread leaves the other cores to the journal")
 
 
 class WorkloadConfig(BaseModel):

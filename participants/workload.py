@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+import torch
+
 from journal.open import open_journal
 
 from .config import WorkloadConfig
@@ -16,6 +18,7 @@ TurnCallback = Callable[[str, int], None]
 
 
 def build_backend(config: WorkloadConfig) -> TinyTorchPolicy:
+    torch.set_num_threads(config.model.torch_threads)  # process-wide, so set here by the program, not the library
     return TinyTorchPolicy(default_tokenizer(), weights_seed=config.model.weights_seed)
 
 

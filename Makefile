@@ -1,0 +1,28 @@
+# Two commands for a newcomer (see README.md):
+#   make demo   run the main job end to end on the embedded file journal (no Kafka needed)
+#   make test   run the test suite; it starts a real Kafka broker by itself (from Maven jars)
+# Both create the virtual environment .venv on first use.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+.PHONY: demo test bench venv
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/rollout-journal demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q -ra
+
+bench: $(STAMP)
+	$(PY) bench/run_all.py

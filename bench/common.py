@@ -1,0 +1,62 @@
+"""Shared benchmark plumbing: a broker to measure against, realistic events, percentiles."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from journal.events import Header, Message, ModelCall, ResourceMutation, SamplingParams, TurnCompleted
+
+
+@contextlib.contextmanager
+def kafka_bootstrap() -> Iterator[str]:
+    """``KAFKA_BOOTSTRAP_SERVERS`` if set, else a local single-node broker started for the run."""
+    if os.environ.get("KAFKA_BOOTSTRAP_SERVERS"):
+        yield os.environ["KAFKA_BOOTSTRAP_SERVERS"]
+        return
+    from compose.local_broker import start_local_cluster
+
+    with tempfile.TemporaryDirectory(prefix="rj-bench-kafka-") as data:
+        cluster = start_local_cluster(1, Path(data))
+        try:
+            yield cluster.bootstrap_servers
+        finally:
+            cluster.stop()
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    return float(np.percentile(np.asarray(values), q))
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def turn_events(rollout: str, turn: int, seq: int, rng: np.random.Generator, *, prompt_delta: int = 1024,
+                output: int = 256) -> list:
+    """One realistic turn: a model call (~1k prompt-delta tokens, 256 output tokens and
+    their logprobs), one resource mutation, and the turn's commit record."""
+    def header(s: int) -> Header:
+        return Header(rollout, rollout.rsplit("-", 1)[0], 1, 1, turn, s, Header.now_ms(), "bench")
+
+    call = ModelCall(
+        header(seq), f"{rollout}/t{turn}/c0", f"{rollout}/t{turn - 1}/c0" if turn else None, "policy-v1",
+        SamplingParams(1.0, 1.0, output, seq), 2048 * turn,
+        rng.integers(0, 32000, prompt_delta, dtype=np.int32), rng.integers(0, 32000, output, dtype=np.int32),
+        -rng.random(output, dtype=np.float32) * 5, "stop", 12.5,
+    )
+    mutation = ResourceMutation(header(seq + 1), f"{rollout}/mail", "mailbox", "send_email",
+                                '{"subject":"meeting-tue-10","to":"alice"}', f"{rollout}/t{turn}/m0",
+                                turn, turn + 1, '{"id":7}', "d" * 64, "c" * 64)
+    done = TurnCompleted(header(seq + 2), [Message("assistant", "mail.send(to=alice, subject=meeting-tue-10)"),
+                                           Message("tool", "sent message 7 to alice")],
+                         [call.call_id], {f"{rollout}/mail": turn + 1}, None, ["mail.send(to=alice)"])
+    return [call, mutation, done]
