@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from .errors import RecordLocation
@@ -41,6 +41,23 @@ class StoredRecord:
     value: bytes | None
     location: RecordLocation
     error: str | None = None  # set when the backend could not read the record's bytes
+
+
+def compacted(records: Iterable[StoredRecord], keep: int,
+              on_error: Callable[[StoredRecord], None] = lambda record: None) -> dict[str, list[StoredRecord]]:
+    """What log compaction leaves of a keyed stream: the newest ``keep`` values of each
+    key, oldest first; a tombstone drops its key. Unreadable records go to ``on_error``."""
+    latest: dict[str, list[StoredRecord]] = {}
+    for record in records:
+        if record.error is not None:
+            on_error(record)
+        elif record.value is None:
+            latest.pop(record.key, None)
+        else:
+            kept = latest.setdefault(record.key, [])
+            kept.append(record)
+            del kept[:-keep]
+    return latest
 
 
 def partition_for(partition_key: str, partitions: int) -> int:

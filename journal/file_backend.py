@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .backend import Backend, OutRecord, StoredRecord, Stream
+from .backend import Backend, OutRecord, StoredRecord, Stream, compacted
 from .errors import ConfigurationError, RecordLocation, WriterLockedError
 
 log = logging.getLogger(__name__)
@@ -412,16 +412,7 @@ class FileBackend(Backend):
         """Write the next snapshot generation with the newest ``keep_per_key`` values of
         each live key (the previous one is the fallback if the newest proves corrupt);
         tombstoned keys are dropped. Crash-safe: tmp file, fsync, rename, then switch."""
-        latest: dict[str, list[StoredRecord]] = {}
-        for record in self.read_snapshots():
-            if record.error is not None:
-                continue
-            if record.value is None:
-                latest.pop(record.key, None)
-                continue
-            kept = latest.setdefault(record.key, [])
-            kept.append(record)
-            del kept[:-keep_per_key]
+        latest = compacted(self.read_snapshots(), keep_per_key)
         generation = self._snap_gen + 1
         tmp = self._snap_path(generation).with_suffix(".tmp")
         with open(tmp, "wb") as f:

@@ -12,7 +12,7 @@ import hashlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from .backend import OutRecord, StoredRecord, Stream
+from .backend import OutRecord, StoredRecord, Stream, compacted
 from .codec import Codec
 from .errors import CorruptRecordError, JournalError, RecordLocation
 from .events import BlobChunk, BlobRef, Header, Snapshot
@@ -88,25 +88,10 @@ def blob_tombstones(rollout_id: str, blob: BlobRef) -> list[OutRecord]:
 
 def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) -> SnapshotIndex:
     """Read a snapshot stream to its end and pick each rollout's newest valid snapshot."""
-    candidates: dict[str, list[StoredRecord]] = {}
-    chunks: dict[str, StoredRecord] = {}
     index = SnapshotIndex()
-    for record in stored:
-        if record.error is not None:
-            index.errors.append(CorruptRecordError(record.location, record.error))
-            continue
-        if BLOB_MARK in record.key:
-            if record.value is None:
-                chunks.pop(record.key, None)
-            else:
-                chunks[record.key] = record
-            continue
-        if record.value is None:
-            candidates.pop(record.key, None)
-            continue
-        kept = candidates.setdefault(record.key, [])
-        kept.append(record)
-        del kept[:-keep]
+    latest = compacted(stored, keep, lambda r: index.errors.append(CorruptRecordError(r.location, r.error)))
+    chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key}
+    candidates = {key: records for key, records in latest.items() if BLOB_MARK not in key}
     for rollout_id, records in candidates.items():
         index.snapshots[rollout_id] = None
         for record in reversed(records):

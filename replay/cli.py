@@ -96,7 +96,8 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from .demo import format_table, run_demo
 
-    report = run_demo(args.journal, seed=args.seed, kill_after=args.kill_after)
+    report = run_demo(args.journal, seed=args.seed, kill_after=args.kill_after,
+                      say=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(report.as_json(), indent=2) if args.json else format_table(report))
     return 0 if report.identical_to_uninterrupted and report.as_json()["turns_thrown_away"] == 0 else 1
 

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,15 +128,21 @@ def compare(reference: RunReport, resumed: RunReport) -> list[str]:
     return differences
 
 
-def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after: int | None = None) -> DemoReport:
+def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after: int | None = None,
+             say: Callable[[str], None] = lambda message: None) -> DemoReport:
+    """``say`` receives one line per step (the CLI prints them to stderr as progress)."""
     config = default_demo_config(journal)
     total_turns = config.groups * config.siblings * config.max_turns
     rng = random.Random(seed)
     kill_after = kill_after or rng.randint(total_turns // 4, (3 * total_turns) // 4)
     report = DemoReport("kafka" if is_kafka_url(config.journal) else "file", config.journal)
+    say(f"1/4 uninterrupted reference run of {config.groups}x{config.siblings} rollouts, journaling off")
     reference = run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False)
+    say(f"2/4 running the workload in a child process, journal {config.journal}; SIGKILL after {kill_after} committed turns")
     report.killed_after_turns = crash_midway(config, kill_after)
+    say("3/4 reading what the journal holds at the crash")
     at_crash = journal_at_crash(config)
+    say("4/4 resuming: attempt N+1 of every unfinished rollout")
     resumed = run_workload(config, resume=True)
     report.restore_seconds = resumed.restore_seconds
     for rid, (turns, finished) in sorted(at_crash.items()):
