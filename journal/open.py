@@ -24,7 +24,7 @@ def open_backend(location: str, *, writer: str = "worker-0", read_only: bool = F
         from .kafka_config import KafkaSettings
 
         settings = KafkaSettings.from_url(location)
-        if "transactional_id=" not in location:
+        if settings.transactional_id is None:  # neither the URL nor the environment named a slot
             settings = settings.model_copy(update={"transactional_id": writer})
         return KafkaBackend(settings, transactional=not read_only, create_topics=not read_only)
     if "://" in location:
