@@ -280,7 +280,8 @@ def test_the_broker_compacts_snapshots_to_the_latest_value_and_drops_tombstones(
             backend.commit([snap(k, f"{k}@v{version}".encode()) for k in kept + dropped])
         backend.commit([snap(k, None) for k in dropped])
         before = list(backend.read_snapshots())
-        assert len(before) == 10 * 5 + 2
+        # superseded values are there until the cleaner runs (it may already have started)
+        assert len(before) > len(kept) + 1
 
         latest = {k: f"{k}@v9".encode() for k in kept}
         # one filler key per partition: a partition's active segment rolls only when it gets an append

@@ -156,6 +156,7 @@ def test_a_zombie_attempt_is_refused_by_the_journal_and_by_resources(journal_loc
 
 def _crash_trials(journal_location: str, tmp_path: Path, trials: int, seed: int) -> None:
     rng = random.Random(seed)
+    kills = 0
     for trial in range(trials):
         config = workload(journal_location, name=f"crash{trial}", groups=2, siblings=2, max_turns=4,
                           environment="workplace,counter", snapshot_every_turns=rng.choice([1, 2, 3]))
@@ -164,11 +165,11 @@ def _crash_trials(journal_location: str, tmp_path: Path, trials: int, seed: int)
         reference = reference_outcomes(config)
         progress = tmp_path / f"progress-{trial}.txt"
         total = config.groups * config.siblings * config.max_turns
-        run_child_and_kill(config, resume=False, kill_after_turns=rng.randrange(total),
-                           extra_delay_s=rng.random() * 0.02, progress_path=progress)
+        kills += run_child_and_kill(config, resume=False, kill_after_turns=rng.randrange(total),
+                                    extra_delay_s=rng.random() * 0.02, progress_path=progress)
         if rng.random() < 0.5:  # and crash again, during the resume (possibly during restore itself)
-            run_child_and_kill(config, resume=True, kill_after_turns=rng.randrange(total // 2),
-                               extra_delay_s=rng.random() * 0.02, progress_path=progress)
+            kills += run_child_and_kill(config, resume=True, kill_after_turns=rng.randrange(total // 2),
+                                        extra_delay_s=rng.random() * 0.02, progress_path=progress)
         durable = {rid: n for rid, n in _reported(progress).items()}
         in_journal = journal_turns(config)
         for rid, turns in durable.items():
@@ -176,6 +177,7 @@ def _crash_trials(journal_location: str, tmp_path: Path, trials: int, seed: int)
         final = run_workload(config, resume=True)
         assert_identical(final, reference)
         assert_no_mutation_applied_twice(config)
+    assert kills >= trials // 2, f"only {kills} SIGKILLs landed in {trials} trials: the workload finished first"
 
 
 def _reported(progress: Path) -> dict[str, int]:
@@ -185,6 +187,5 @@ def _reported(progress: Path) -> dict[str, int]:
 
 @pytest.mark.slow
 def test_sigkill_at_random_points_loses_no_committed_turn(journal_location: str, tmp_path: Path) -> None:
-    default = "50" if journal_location.startswith("kafka://") is False else "20"
-    trials = int(os.environ.get("ROLLOUT_JOURNAL_CRASH_TRIALS", default))
+    trials = int(os.environ.get("ROLLOUT_JOURNAL_CRASH_TRIALS", "50"))
     _crash_trials(journal_location, tmp_path, trials, seed=int(os.environ.get("ROLLOUT_JOURNAL_CRASH_SEED", "1")))
