@@ -89,34 +89,39 @@ def redone_work(tmp: Path, groups: int, siblings: int, turns: int, snapshot_ever
 # -- 2. restore time -------------------------------------------------------------
 def synthesize(root: Path, active: int, turns: int, snapshot_every: int, finished_before: int) -> None:
     """A file journal: ``finished_before`` acknowledged rollouts of past history, then
-    ``active`` rollouts each ``turns`` turns in, snapshotted every ``snapshot_every`` turns."""
+    ``active`` rollouts each ``turns`` turns in, snapshotted every ``snapshot_every`` turns.
+    Rollouts of a cohort advance turn by turn together, as a running workload's do."""
     rng = np.random.default_rng(0)
     state_bytes = rng.bytes(4096)  # a realistic compressed rollout state
 
-    def write(journal: Journal, prefix: str, count: int, acknowledge: bool) -> None:
-        for first in range(0, count, 500):
-            ids = [f"{prefix}-{i}" for i in range(first, min(count, first + 500))]
-            futures = []
+    def cohort(journal: Journal, ids: list[str], acknowledge: bool) -> None:
+        futures = []
+        for rid in ids:
+            h = Header(rid, rid.rsplit("-", 1)[0], 1, 1, 0, 0, 0, "bench")
+            futures.append(journal.append([AttemptStarted(h, 0, "topo", "new")],
+                                          SnapshotDraft(h, "running", 0, state_bytes)))
+        for turn in range(turns):
             for rid in ids:
-                h = Header(rid, prefix, 1, 1, 0, 0, 0, "bench")
-                futures.append(journal.append([AttemptStarted(h, 0, "topo", "new")],
-                                              SnapshotDraft(h, "running", 0, state_bytes)))
-            for turn in range(turns):
-                for rid in ids:
-                    events = turn_events(rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64)
-                    snap = None
-                    if (turn + 1) % snapshot_every == 0:
-                        snap = SnapshotDraft(events[-1].header, "running", events[-1].header.seq, state_bytes)
-                    futures.append(journal.append(events, snap))
-            if acknowledge:
-                for rid in ids:
-                    futures.append(journal.acknowledge(Header(rid, prefix, 1, 1, turns, 1 + 3 * turns, 0, "bench"), "t"))
-            for f in futures:
-                f.result()
+                events = turn_events(rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64)
+                snap = None
+                if (turn + 1) % snapshot_every == 0:
+                    snap = SnapshotDraft(events[-1].header, "running", events[-1].header.seq, state_bytes)
+                futures.append(journal.append(events, snap))
+            if len(futures) > 20000:
+                for f in futures:
+                    f.result()
+                futures.clear()
+        if acknowledge:
+            for rid in ids:
+                h = Header(rid, rid.rsplit("-", 1)[0], 1, 1, turns, 1 + 3 * turns, 0, "bench")
+                futures.append(journal.acknowledge(h, "trainer"))
+        for f in futures:
+            f.result()
 
     with Journal(FileBackend(root, fsync=False), linger_ms=5, max_batch_records=20000) as journal:
-        write(journal, "past", finished_before, True)
-        write(journal, "live", active, False)
+        for first in range(0, finished_before, 1000):  # past cohorts, one after another
+            cohort(journal, [f"past-{i}" for i in range(first, min(finished_before, first + 1000))], True)
+        cohort(journal, [f"live-{i}" for i in range(active)], False)
 
 
 def restore_seconds(root: Path, repeats: int = 3) -> tuple[float, int]:
@@ -133,34 +138,45 @@ def restore_seconds(root: Path, repeats: int = 3) -> tuple[float, int]:
 # -- 3. journaling overhead ------------------------------------------------------
 def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -> dict:
     """Turns/s of the same workload with the file journal (fsync on) and with journaling
-    off. One model and tokenizer for all runs; a discarded warm-up first; on/off order
-    alternates per round, and the medians are compared."""
+    off, in one process with one model. A discarded warm-up first; then pairs whose
+    order alternates; the overhead is taken pair by pair and the median kept, so drift
+    of a shared machine's speed cancels. Process CPU seconds (all threads) are compared
+    the same way: on a noisy machine they move less than wall time."""
     total = groups * siblings * turns
 
-    def one(name: str, journaling: bool) -> float:
+    def one(name: str, journaling: bool) -> tuple[float, float]:
         config = WorkloadConfig(name=name, groups=groups, siblings=siblings, max_turns=turns,
                                 allow_early_submit=False, journal=str(tmp / name), journaling=journaling)
         journal = open_journal(config.journal) if journaling else None
         try:
             runner = Runner(config, journal, backend, backend.tokenizer)
-            started = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             report = asyncio.run(runner.run(resume=False))
-            seconds = time.perf_counter() - started
+            if journal is not None:
+                journal.flush()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         finally:
             if journal is not None:
                 journal.close()
         assert report.turns_run == total
-        return total / seconds
+        return total / wall, cpu
 
     backend = build_backend(WorkloadConfig())
     one("warmup", False)
-    on, off = [], []
+    pairs = []
     for round_ in range(rounds):
-        for journaling in (False, True) if round_ % 2 == 0 else (True, False):
-            (on if journaling else off).append(one(f"tp{round_}{'on' if journaling else 'off'}", journaling))
-        log(f"  throughput round {round_ + 1}/{rounds}: on {on[-1]:.1f} turns/s, off {off[-1]:.1f} turns/s")
-    return {"turns_per_s_journal_on": round(median(on), 1), "turns_per_s_journal_off": round(median(off), 1),
-            "journal_overhead": round(1 - median(on) / median(off), 4), "throughput_rounds": rounds}
+        order = (False, True) if round_ % 2 == 0 else (True, False)
+        result = {journaling: one(f"tp{round_}{'on' if journaling else 'off'}", journaling) for journaling in order}
+        pairs.append((result[True], result[False]))
+        log(f"  throughput round {round_ + 1}/{rounds}: on {result[True][0]:.1f} turns/s, "
+            f"off {result[False][0]:.1f} turns/s")
+    return {
+        "turns_per_s_journal_on": round(median([on[0] for on, _ in pairs]), 1),
+        "turns_per_s_journal_off": round(median([off[0] for _, off in pairs]), 1),
+        "journal_overhead": round(1 - median([on[0] / off[0] for on, off in pairs]), 4),
+        "journal_cpu_overhead": round(median([on[1] / off[1] for on, off in pairs]) - 1, 4),
+        "throughput_rounds": rounds, "throughput_turns_per_run": total,
+    }
 
 
 # -- 4. coordinated pause ----------------------------------------------------------
@@ -212,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         report["restore_time_ratio_10x_history"] = round(t10 / t1, 3)
         log(f"  history x{sizes_mb[1] / sizes_mb[0]:.1f} bytes: restore {t1 * 1000:.1f} ms -> {t10 * 1000:.1f} ms")
         log("rollout throughput, journaling on vs off ...")
-        report.update(throughput(tmp, rounds=3 if args.quick else 5, groups=8, siblings=4, turns=6))
+        report.update(throughput(tmp, rounds=3 if args.quick else 8, groups=16, siblings=4, turns=8))
         log("coordinated-mode checkpoint pauses ...")
         report.update(coordinated_pauses(tmp, groups=4, siblings=4, turns=12))
     if args.json:

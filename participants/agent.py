@@ -3,9 +3,14 @@
 A turn = one constrained model call choosing a tool call, the tool call on the
 environment's resources, then ``TurnCompleted``; all of it (plus the rollout's
 snapshot when one is due, and ``RolloutFinished`` on the last turn) is appended
-to the journal atomically, and the next turn starts only once it is durable.
-Sampling seeds derive from (workload seed, rollout, turn), never from the
-attempt, so a re-executed turn samples exactly what the lost one did.
+to the journal atomically.
+
+Commits are pipelined one turn deep: turn t+1 generates while turn t commits,
+and turn t+1 is appended only once turn t is durable, so the journal's commit
+latency hides behind the next model call. That is safe because everything a
+turn does before it is durable is redone identically after a crash: sampling
+seeds derive from (workload seed, rollout, turn), never from the attempt, and
+resource mutations carry idempotency keys derived from (rollout, turn, index).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import asyncio
 import hashlib
 import json
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -38,6 +44,10 @@ SYSTEM_PROMPT = "You are an assistant that acts only through tool calls. Reply w
 class TurnSink(Protocol):
     """Where a finished turn goes: the journal, or nowhere (overhead baseline)."""
 
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> asyncio.Future:
+        """Start making the turn durable; the future resolves once it is."""
+        ...
+
     async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None: ...
 
 
@@ -45,12 +55,20 @@ class JournalSink:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
 
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> asyncio.Future:
+        return asyncio.wrap_future(self.journal.append(events, snapshot))
+
     async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None:
-        await asyncio.wrap_future(self.journal.append(events, snapshot))
+        await self.submit(events, snapshot)
 
 
 class NullSink:
     """Journaling off: the same rollout work with nothing made durable."""
+
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> asyncio.Future:
+        done = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        return done
 
     async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None:
         await asyncio.sleep(0)
@@ -92,6 +110,8 @@ class LiveRollout:
     turns_run_here: int = 0  # turns this process executed (work accounting)
     tokens_run_here: int = 0
     at_boundary: asyncio.Event = field(default_factory=asyncio.Event)  # set between turns: safe to checkpoint
+    pending: asyncio.Future | None = None  # the previous turn's commit, still in flight
+    pending_turn: int = -1
     acknowledged: asyncio.Event = field(default_factory=asyncio.Event)  # the trainer took its result
 
     def __post_init__(self) -> None:
@@ -100,11 +120,14 @@ class LiveRollout:
 
 class Agent:
     def __init__(self, config: WorkloadConfig, model: ModelParticipant, tokenizer: ChatTokenizer,
-                 sink: TurnSink, *, writer: str) -> None:
+                 sink: TurnSink, *, writer: str,
+                 on_durable: Callable[[str, int], None] = lambda rollout_id, turn: None) -> None:
+        """``on_durable(rollout_id, turn)`` is called once each turn is durable."""
         self.config = config
         self.model = model
         self.tokenizer = tokenizer
         self.sink = sink
+        self.on_durable = on_durable
         self.writer = writer
         self._tries: dict[tuple[str, ...], ActionTrie] = {}
         self.turn_boundary = asyncio.Event()  # cleared by a coordinated checkpoint to park agents
@@ -203,4 +226,12 @@ class Agent:
         if last or periodic:
             snapshot = self.snapshot_draft(live)
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
-        await self.sink.commit(events, snapshot)
+        await self.settle(live)  # turn t+1 is appended only once turn t is durable
+        live.pending, live.pending_turn = self.sink.submit(events, snapshot), turn
+
+    async def settle(self, live: LiveRollout) -> None:
+        """Wait until the rollout's last appended turn is durable."""
+        if live.pending is not None:
+            pending, live.pending = live.pending, None
+            await pending
+            self.on_durable(live.state.spec.rollout_id, live.pending_turn)

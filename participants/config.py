@@ -38,7 +38,7 @@ class WorkloadConfig(BaseModel):
     model: ModelConfig = ModelConfig()
     journal: str = Field("runs/journal", description="a directory (file journal) or kafka://host:port/namespace")
     writer: str = Field("worker-0", description="stable worker slot name (Kafka transactional.id)")
-    snapshot_every_turns: int = Field(2, ge=1)
+    snapshot_every_turns: int = Field(4, ge=1)
     snapshot_max_bytes: int = Field(256 * 1024, ge=1, description="also snapshot once this many event bytes accrued")
     concurrency: int = Field(64, ge=1, description="rollouts in flight at once")
     turn_delay_ms: float = Field(0.0, ge=0.0, description="simulated environment latency per turn")

@@ -85,8 +85,8 @@ class Runner:
         self.journal = journal
         self.model = ModelParticipant(backend, max_in_flight=config.model.max_concurrent_calls)
         sink = JournalSink(journal) if journal is not None and config.journaling else NullSink()
-        self.agent = Agent(config, self.model, tokenizer, sink, writer=config.writer)
         self.progress = progress or (lambda rollout_id, turn: None)
+        self.agent = Agent(config, self.model, tokenizer, sink, writer=config.writer, on_durable=self.progress)
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}
         self.hold_until_acknowledged = hold_until_acknowledged
@@ -132,7 +132,7 @@ class Runner:
                 limit = (stop_after or {}).get(live.state.spec.rollout_id)
                 while not live.state.finished and (limit is None or live.state.next_turn < limit):
                     await self.agent.run_turn(live)
-                    self.progress(live.state.spec.rollout_id, live.state.next_turn - 1)
+                await self.agent.settle(live)
             if live.state.finished and self.hold_until_acknowledged:
                 await live.acknowledged.wait()
 
