@@ -96,6 +96,14 @@ _READ_PREFETCH_KBYTES = 16384
 _READ_QUEUE_BACKOFF_MS = 10
 
 
+# Leadership not settled yet (just after topic creation, or while a leader moves):
+# librdkafka does not flag these retriable on offset queries, but they are.
+_TRANSIENT_METADATA_CODES = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._UNKNOWN_PARTITION,
+})
+
+
 def _kafka_error(exc: BaseException) -> KafkaError | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
@@ -644,13 +652,27 @@ class KafkaBackend(Backend):
         _close_client(consumer)
 
     def _watermarks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
-        """(log start, last stable offset): read_committed consumers report the LSO as the high mark."""
-        try:
-            marks = consumer.get_watermark_offsets(
-                TopicPartition(topic, partition), timeout=self.settings.operation_timeout_ms / 1000, cached=False
-            )
-        except KafkaException as exc:
-            raise JournalError(f"cannot query offsets of topic {topic} partition {partition}: {exc}") from exc
+        """(log start, last stable offset): read_committed consumers report the LSO as the high mark.
+
+        Retriable errors (a leader not elected yet just after topic creation, a leader
+        moving) are retried until the operation timeout."""
+        deadline = time.monotonic() + self.settings.operation_timeout_ms / 1000
+        delay = 0.01
+        while True:
+            try:
+                marks = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=self.settings.operation_timeout_ms / 1000, cached=False
+                )
+                break
+            except KafkaException as exc:
+                err = _kafka_error(exc)
+                transient = err is not None and (err.retriable() or err.code() in _TRANSIENT_METADATA_CODES)
+                if transient and time.monotonic() < deadline:
+                    log.debug("offsets of %s[%d]: %s; retrying", topic, partition, _describe(err))
+                    time.sleep(delay)
+                    delay = min(delay * 2, 0.5)
+                    continue
+                raise JournalError(f"cannot query offsets of topic {topic} partition {partition}: {exc}") from exc
         if marks is None:
             raise JournalError(
                 f"timed out querying offsets of topic {topic} partition {partition} "

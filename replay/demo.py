@@ -56,6 +56,7 @@ class DemoReport:
             "turns_redone": sum(r.redone_here for r in self.rows),
             "turns_thrown_away": sum(r.redone_here for r in self.rows),
             "naive_turns_thrown_away": sum(r.naive_redo for r in self.rows),
+            "turns_lost": max(0, self.killed_after_turns - sum(r.turns_at_crash for r in self.rows)),
             "identical_to_uninterrupted": self.identical_to_uninterrupted,
             "differences": self.differences,
             "killed_after_turns": self.killed_after_turns,
@@ -154,6 +155,9 @@ def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after:
             turns_after=r.outcome["turns"] if r.outcome else 0,
         ))
     report.differences = compare(reference, resumed)
+    committed = sum(row.turns_at_crash for row in report.rows)
+    if committed < report.killed_after_turns:  # the child reported more turns durable than the journal holds
+        report.differences.append(f"{report.killed_after_turns - committed} turns reported durable are not in the journal")
     report.identical_to_uninterrupted = not report.differences
     return report
 
