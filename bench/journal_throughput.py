@@ -5,9 +5,9 @@ confluent-kafka producer sending the same bytes in the same run.
 
 Each turn is a model call (~1k prompt-delta tokens, 256 output tokens and
 logprobs, ~6 KB), a resource mutation and a TurnCompleted. Every rollout
-appends its turns one after another, waiting for each to be durable, as the
-agent does; the journal group-commits turns of all rollouts into Kafka
-transactions. The baseline is a plain idempotent producer (acks=all, same
+appends its turns in order with one turn in flight, as the agent does (turn
+t+1 is appended while turn t commits; t+2 waits for t); the journal
+group-commits turns of all rollouts into Kafka transactions. The baseline is a plain idempotent producer (acks=all, same
 linger/batch/compression) sending the already-encoded bytes, flushed at the
 end: the best the broker and client can do with those bytes. The file
 backend (fsync per group commit) runs the same workload for reference.
@@ -50,9 +50,13 @@ def run_journal(journal: Journal, turns_by_rollout: dict[str, list[list]]) -> tu
     commit_ms: list[float] = []
 
     async def rollout(turns: list[list]) -> None:
-        for events in turns:
-            receipt = await asyncio.wrap_future(journal.append(events))
-            commit_ms.append(receipt.commit_ms)
+        previous = None
+        for events in turns:  # as the agent does: turn t+1 appended while turn t commits
+            pending = asyncio.wrap_future(journal.append(events))
+            if previous is not None:
+                commit_ms.append((await previous).commit_ms)
+            previous = pending
+        commit_ms.append((await previous).commit_ms)
 
     async def main() -> None:
         await asyncio.gather(*(rollout(t) for t in turns_by_rollout.values()))

@@ -5,12 +5,14 @@ environment's resources, then ``TurnCompleted``; all of it (plus the rollout's
 snapshot when one is due, and ``RolloutFinished`` on the last turn) is appended
 to the journal atomically.
 
-Commits are pipelined one turn deep: turn t+1 generates while turn t commits,
-and turn t+1 is appended only once turn t is durable, so the journal's commit
-latency hides behind the next model call. That is safe because everything a
-turn does before it is durable is redone identically after a crash: sampling
-seeds derive from (workload seed, rollout, turn), never from the attempt, and
-resource mutations carry idempotency keys derived from (rollout, turn, index).
+Commits are pipelined one turn deep: turn t+1 generates and is appended while
+turn t commits, and turn t+2 starts only once turn t is durable, so the
+journal's commit latency hides behind the next model call. The journal commits
+appends in order, so t+1 is never durable without t. That is safe because
+everything a turn does before it is durable is redone identically after a
+crash: sampling seeds derive from (workload seed, rollout, turn), never from
+the attempt, and resource mutations carry idempotency keys derived from
+(rollout, turn, index).
 """
 
 from __future__ import annotations
@@ -226,12 +228,16 @@ class Agent:
         if last or periodic:
             snapshot = self.snapshot_draft(live)
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
-        await self.settle(live)  # turn t+1 is appended only once turn t is durable
+        previous = (live.pending, live.pending_turn)
         live.pending, live.pending_turn = self.sink.submit(events, snapshot), turn
+        await self._durable(live, *previous)  # at most two turns in flight: t+1 appended, t committing
+
+    async def _durable(self, live: LiveRollout, pending: asyncio.Future | None, turn: int) -> None:
+        if pending is not None:
+            await pending
+            self.on_durable(live.state.spec.rollout_id, turn)
 
     async def settle(self, live: LiveRollout) -> None:
         """Wait until the rollout's last appended turn is durable."""
-        if live.pending is not None:
-            pending, live.pending = live.pending, None
-            await pending
-            self.on_durable(live.state.spec.rollout_id, live.pending_turn)
+        pending, live.pending = live.pending, None
+        await self._durable(live, pending, live.pending_turn)

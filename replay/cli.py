@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from journal.errors import JournalError
@@ -19,6 +20,8 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal demo                 crash a workload with SIGKILL, resume it, compare
   rollout-journal run examples/demo.yaml
   rollout-journal resume examples/demo.yaml
+  rollout-journal list runs/journal    the rollouts a journal holds
+  rollout-journal show runs/journal demo-g0-s0
   rollout-journal kafka up             a local Kafka broker from Maven jars (no Docker)
 """
 
@@ -53,6 +56,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, help="seed of the random crash point")
     demo.add_argument("--kill-after", type=int, help="kill after this many committed turns instead of a random point")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
+
+    listing = sub.add_parser("list", help="the rollouts a journal holds (reads only)")
+    listing.add_argument("journal", help="a journal directory or kafka://host:port/namespace")
+    show = sub.add_parser("show", help="one rollout turn by turn: conversation, model calls, mutations (reads only)")
+    show.add_argument("journal", help="a journal directory or kafka://host:port/namespace")
+    show.add_argument("rollout", help="rollout id (see `list`)")
+    show.add_argument("--tokens", action="store_true", help="also print output token ids and logprobs")
 
     from compose.cli import register_kafka_commands
     register_kafka_commands(sub)
@@ -102,6 +112,37 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if report.identical_to_uninterrupted and report.as_json()["turns_thrown_away"] == 0 else 1
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from journal.journal import ReadReport
+    from journal.open import open_journal
+    from participants.tokenizer import default_tokenizer
+
+    from .inspect import list_rollouts, show_rollout
+
+    with open_journal(args.journal, writer="inspect", read_only=True) as journal:
+        if args.command == "list":
+            listing = list_rollouts(journal)
+            print(f"{'rollout':<24} {'group':<18} {'attempts':>8} {'turns':>6} {'calls':>6} {'mutations':>9}  status")
+            for row in listing.rollouts.values():
+                status = ("acknowledged" if row.acknowledged else "finished") if row.finished else "running"
+                reward = f" reward {row.reward:.3f}" if row.reward is not None else ""
+                print(f"{row.rollout_id:<24} {row.group_id:<18} {row.attempts:>8} {row.turns:>6} "
+                      f"{row.model_calls:>6} {row.mutations:>9}  {status}{reward}")
+            problems = listing.report
+        else:
+            problems = ReadReport()
+            try:
+                for line in show_rollout(journal, args.rollout, default_tokenizer(), token_ids=args.tokens,
+                                         report=problems):
+                    print(line)
+            except KeyError as exc:
+                print(f"rollout-journal: {exc.args[0]}", file=sys.stderr)
+                return 2
+    for problem in [*problems.errors, *problems.fenced]:
+        print(f"note: {problem}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
@@ -111,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
             return _workload(args, resume=args.command == "resume")
         if args.command == "demo":
             return _demo(args)
+        if args.command in ("list", "show"):
+            return _inspect(args)
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)
@@ -119,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `rollout-journal show ... | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     raise AssertionError(f"unhandled command {args.command}")
 
 
