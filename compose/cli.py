@@ -12,14 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from compose.local_broker import (
-    LocalBrokerError,
-    LocalClusterStatus,
-    default_state_dir,
-    down,
-    status,
-    up,
-)
+from compose.broker_daemon import LocalClusterStatus, default_state_dir, down, status, up
+from compose.errors import LocalBrokerError
 
 _DESCRIPTION = """\
 Run a real Apache Kafka cluster (KRaft, combined broker+controller nodes) on free

@@ -1,14 +1,12 @@
-"""Run a real Apache Kafka broker (KRaft) from Maven jars, without Docker.
+"""Start and stop a real Apache Kafka cluster (KRaft) from Maven jars, without Docker.
 
-Three ways in:
-
-* :func:`start_local_cluster` -- a throwaway 1- or 3-node cluster owned by the
-  calling process (tests, fault injection: :meth:`LocalKafkaCluster.kill_node`,
-  :meth:`LocalKafkaCluster.restart_node`).
-* :func:`up` / :func:`down` / :func:`status` -- a detached cluster that outlives
-  the Python process, recorded in a JSON state file (``rollout-journal kafka up``).
-* :func:`ensure_broker_jars` -- the broker classpath, fetched once with Maven into
-  a cache outside the repository.
+:func:`start_local_cluster` formats and starts a throwaway 1- or 3-node cluster
+and returns once every broker is registered; the :class:`LocalKafkaCluster` it
+returns stops it again, or injects faults (:meth:`LocalKafkaCluster.kill_node`,
+:meth:`LocalKafkaCluster.restart_node`). Attached clusters are stopped at
+interpreter exit so a failing test leaves no broker behind. The jars come from
+:mod:`compose.broker_jars`; the detached ``kafka up`` mode is
+:mod:`compose.broker_daemon`.
 
 Every broker listens on free loopback ports only; nothing here binds a fixed port.
 """
@@ -18,9 +16,6 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import fcntl
-import hashlib
-import json
 import logging
 import os
 import shutil
@@ -30,10 +25,8 @@ import subprocess
 import tempfile
 import time
 import uuid
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -41,13 +34,11 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from compose.broker_jars import ensure_broker_jars, require_java
+from compose.errors import LocalBrokerError
+
 log = logging.getLogger(__name__)
 
-POM_PATH = Path(__file__).with_name("pom.xml")
-CACHE_ENV_VAR = "ROLLOUT_JOURNAL_CACHE"
-STATE_FILE_NAME = "state.json"
-_STATE_FORMAT = 1
-_MARKER_NAME = "libs.complete"
 
 # Same heap as the verified manual run; G1 as in Kafka's own start scripts.
 BROKER_JVM_OPTS: tuple[str, ...] = (
@@ -62,115 +53,11 @@ BROKER_JVM_OPTS: tuple[str, ...] = (
 _TOOL_JVM_OPTS: tuple[str, ...] = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
 
-# --------------------------------------------------------------------------- errors
-
-
-class LocalBrokerError(RuntimeError):
-    """Base class for every failure of the local Kafka launcher."""
-
-
-class MissingToolError(LocalBrokerError):
-    """java or mvn is not on PATH; the message says what to install."""
-
-
-class JarDownloadError(LocalBrokerError):
-    """Maven could not fetch the broker's jars."""
-
-
 class BrokerStartError(LocalBrokerError):
     """Formatting or starting a broker failed, or it did not become ready in time.
 
     The message carries the tail of the node's logs, which usually names the cause.
     """
-
-
-class ClusterStateError(LocalBrokerError):
-    """The detached cluster's state file is missing, unreadable or contradicts a request."""
-
-
-# --------------------------------------------------------------------------- jars
-
-
-def kafka_version(pom: Path = POM_PATH) -> str:
-    """The Kafka version pinned in ``compose/pom.xml`` (single source of truth)."""
-    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    node = ET.parse(pom).getroot().find("m:properties/m:kafka.version", ns)
-    if node is None or not (node.text or "").strip():
-        raise LocalBrokerError(f"{pom}: no <properties><kafka.version> element")
-    return (node.text or "").strip()
-
-
-def cache_root() -> Path:
-    """Root of everything cached outside git: ``$ROLLOUT_JOURNAL_CACHE`` or ``~/.cache/rollout-journal``."""
-    env = os.environ.get(CACHE_ENV_VAR, "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "rollout-journal"
-
-
-def default_state_dir() -> Path:
-    """Where :func:`up` records its detached cluster unless told otherwise."""
-    return cache_root() / "local-kafka"
-
-
-def _require_tool(name: str, what_to_install: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        raise MissingToolError(f"`{name}` not found on PATH: install {what_to_install}")
-    return path
-
-
-def _require_java() -> str:
-    return _require_tool(
-        "java",
-        "a Java 17+ runtime (e.g. `apt-get install openjdk-17-jre-headless`) "
-        "to run the local Kafka broker",
-    )
-
-
-def ensure_broker_jars(cache_dir: Path | None = None) -> Path:
-    """Return a folder holding the broker's runtime jars, downloading them once.
-
-    ``cache_dir`` is the cache root (default :func:`cache_root`); the jars land in
-    ``<cache_dir>/kafka-<version>/libs``. A marker holding the POM's hash is written
-    only after Maven succeeded, so an interrupted download is redone and an edited
-    POM is refetched. A file lock makes concurrent callers wait for one download.
-    Needs ``mvn`` only when the cache is cold.
-    """
-    pom_hash = hashlib.sha256(POM_PATH.read_bytes()).hexdigest()
-    version_dir = (cache_dir or cache_root()) / f"kafka-{kafka_version()}"
-    libs = version_dir / "libs"
-    marker = version_dir / _MARKER_NAME
-    version_dir.mkdir(parents=True, exist_ok=True)
-    with open(version_dir / ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if marker.exists() and marker.read_text().strip() == pom_hash and any(libs.glob("*.jar")):
-            return libs
-        mvn = _require_tool(
-            "mvn",
-            "Apache Maven (e.g. `apt-get install maven`) to fetch the Kafka broker "
-            "jars from Maven Central once",
-        )
-        marker.unlink(missing_ok=True)
-        shutil.rmtree(libs, ignore_errors=True)
-        partial = version_dir / "libs.partial"
-        shutil.rmtree(partial, ignore_errors=True)
-        cmd = [
-            mvn, "-B", "-q", "-f", str(POM_PATH), "dependency:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={partial}",
-        ]
-        log.info("fetching Kafka %s broker jars into %s", kafka_version(), libs)
-        started = time.monotonic()
-        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if done.returncode != 0 or not any(partial.glob("*.jar")):
-            output = _tail_text((done.stdout or "") + (done.stderr or ""), 40)
-            raise JarDownloadError(
-                f"`mvn dependency:copy-dependencies` on {POM_PATH} failed "
-                f"(exit {done.returncode}); check access to Maven Central or a mirror "
-                f"in ~/.m2/settings.xml. Maven said:\n{output}"
-            )
-        partial.rename(libs)
-        marker.write_text(pom_hash + "\n")
-        log.info("fetched %d jars in %.1f s", len(list(libs.glob("*.jar"))), time.monotonic() - started)
-        return libs
 
 
 # --------------------------------------------------------------------------- cluster model
@@ -252,8 +139,8 @@ def _admin(bootstrap: str) -> AdminClient:
 class LocalKafkaCluster:
     """A running local cluster. Use as a context manager, or call :meth:`stop`.
 
-    ``detached`` clusters (from :func:`up`) are not children of this process and
-    are not stopped at interpreter exit; attached ones are.
+    ``detached`` clusters (from :func:`compose.broker_daemon.up`) are not children
+    of this process and are not stopped at interpreter exit; attached ones are.
     """
 
     bootstrap_servers: str
@@ -350,43 +237,6 @@ class LocalKafkaCluster:
         """Node id leading ``topic``/``partition``, or None while no leader is elected."""
         return self.describe_partition(topic, partition, timeout_s).leader
 
-    # ----- state file
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "format": _STATE_FORMAT,
-            "kafka_version": kafka_version(),
-            "bootstrap_servers": self.bootstrap_servers,
-            "cluster_id": self.cluster_id,
-            "data_dir": str(self.data_dir),
-            "libs_dir": str(self.libs_dir),
-            "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            "nodes": [
-                {
-                    "node_id": n.node_id, "pid": n.pid, "port": n.port,
-                    "controller_port": n.controller_port, "node_dir": str(n.node_dir),
-                }
-                for n in self.nodes
-            ],
-        }
-
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> LocalKafkaCluster:
-        """Rebuild a handle on a detached cluster from :meth:`to_state` output."""
-        nodes = [
-            LocalKafkaNode(
-                node_id=int(n["node_id"]), port=int(n["port"]),
-                controller_port=int(n["controller_port"]), node_dir=Path(n["node_dir"]),
-                pid=int(n["pid"]) if n.get("pid") is not None else None,
-            )
-            for n in state["nodes"]
-        ]
-        return cls(
-            bootstrap_servers=str(state["bootstrap_servers"]), nodes=nodes,
-            data_dir=Path(state["data_dir"]), cluster_id=str(state["cluster_id"]),
-            libs_dir=Path(state["libs_dir"]), detached=True,
-        )
-
 
 @atexit.register
 def _stop_attached_clusters() -> None:
@@ -414,14 +264,14 @@ def start_local_cluster(
     ``min.insync.replicas`` one less, so a 3-node cluster survives one SIGKILL.
     ``extra_config`` overrides any generated server property. Without ``data_dir``
     a temporary one is created and removed by :meth:`LocalKafkaCluster.stop`.
-    ``detached`` nodes outlive this process (used by :func:`up`).
+    ``detached`` nodes outlive this process (used by :func:`compose.broker_daemon.up`).
 
     Returns once every broker is registered; on failure everything started is
     stopped and :class:`BrokerStartError` carries the logs' tail.
     """
     if nodes < 1:
         raise ValueError(f"nodes must be >= 1, got {nodes}")
-    java = _require_java()
+    java = require_java()
     libs = libs_dir or ensure_broker_jars()
     owns = data_dir is None
     root = Path(tempfile.mkdtemp(prefix="rollout-journal-kafka-")) if data_dir is None else Path(data_dir)
@@ -613,7 +463,7 @@ def _launch(node: LocalKafkaNode, libs: Path, *, detached: bool) -> None:
     re-parented away from us and survives this process without leaving a
     Popen that Python would warn about.
     """
-    cmd = _broker_command(_require_java(), node, libs)
+    cmd = _broker_command(require_java(), node, libs)
     with open(node.console_log, "ab") as console:
         if not detached:
             node.process = subprocess.Popen(
@@ -743,142 +593,6 @@ def _terminate_all(nodes: list[LocalKafkaNode], timeout_s: float) -> None:
         if not _wait_gone(node, deadline):
             log.warning("node %d (pid %s) ignored SIGTERM for %.0f s: killing it", node.node_id, node.pid, timeout_s)
             _kill_and_reap(node, signal.SIGKILL, timeout_s=10.0)
-
-
-# --------------------------------------------------------------------------- detached mode
-
-
-@dataclass(frozen=True)
-class NodeStatus:
-    node_id: int
-    pid: int | None
-    port: int
-    alive: bool
-
-
-@dataclass(frozen=True)
-class LocalClusterStatus:
-    """What a state file records, checked against the live processes."""
-
-    state_file: Path
-    bootstrap_servers: str
-    data_dir: Path
-    nodes: tuple[NodeStatus, ...]
-
-    @property
-    def running(self) -> bool:
-        """All recorded nodes are alive."""
-        return all(n.alive for n in self.nodes)
-
-    @property
-    def alive_node_ids(self) -> list[int]:
-        return [n.node_id for n in self.nodes if n.alive]
-
-
-def _state_file(state_dir: Path | None) -> Path:
-    return (Path(state_dir) if state_dir is not None else default_state_dir()) / STATE_FILE_NAME
-
-
-def _read_state(state_file: Path) -> dict[str, Any] | None:
-    if not state_file.exists():
-        return None
-    try:
-        state = json.loads(state_file.read_text())
-        if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
-            raise ValueError("not a format-1 state object")
-        if not isinstance(state.get("nodes"), list):
-            raise ValueError("no node list")
-        return state
-    except (ValueError, OSError) as exc:
-        raise ClusterStateError(
-            f"{state_file} is not a local-kafka state file ({exc}); stop any broker by hand "
-            f"(`ps aux | grep kafka.Kafka`) and delete the file"
-        ) from exc
-
-
-def _load_cluster(state_file: Path) -> LocalKafkaCluster | None:
-    state = _read_state(state_file)
-    if state is None:
-        return None
-    try:
-        return LocalKafkaCluster.from_state(state)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ClusterStateError(
-            f"{state_file} lacks {exc} or holds a bad value; stop any broker by hand "
-            f"(`ps aux | grep kafka.Kafka`) and delete the file"
-        ) from exc
-
-
-def status(state_dir: Path | None = None) -> LocalClusterStatus | None:
-    """The detached cluster recorded in ``state_dir``, or None when nothing is recorded."""
-    state_file = _state_file(state_dir)
-    cluster = _load_cluster(state_file)
-    if cluster is None:
-        return None
-    return LocalClusterStatus(
-        state_file=state_file,
-        bootstrap_servers=cluster.bootstrap_servers,
-        data_dir=cluster.data_dir,
-        nodes=tuple(NodeStatus(n.node_id, n.pid, n.port, n.is_running()) for n in cluster.nodes),
-    )
-
-
-def up(
-    nodes: int = 1,
-    state_dir: Path | None = None,
-    *,
-    ready_timeout_s: float = 60,
-    extra_config: dict[str, str] | None = None,
-) -> str:
-    """Start a detached cluster that outlives this process; return its bootstrap servers.
-
-    Idempotent: if the cluster recorded in ``state_dir`` is fully alive with the
-    same node count, its bootstrap is returned. A stale record (some node dead)
-    is cleaned up and replaced. Data lives in ``<state_dir>/data``.
-    """
-    state_file = _state_file(state_dir)
-    current = status(state_dir)
-    if current is not None:
-        if current.running and len(current.nodes) == nodes:
-            return current.bootstrap_servers
-        if current.running:
-            raise ClusterStateError(
-                f"a {len(current.nodes)}-node cluster already runs at {current.bootstrap_servers} "
-                f"(state {state_file}); run `kafka down` before asking for {nodes} nodes"
-            )
-        log.warning("replacing stale local Kafka state %s (alive: %s)", state_file, current.alive_node_ids)
-        down(state_dir)
-    data_dir = state_file.parent / "data"
-    shutil.rmtree(data_dir, ignore_errors=True)
-    cluster = start_local_cluster(
-        nodes, data_dir, extra_config=extra_config, ready_timeout_s=ready_timeout_s, detached=True,
-    )
-    try:
-        tmp = state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(cluster.to_state(), indent=2) + "\n")
-        os.replace(tmp, state_file)
-    except BaseException:
-        cluster.stop(timeout_s=5.0, remove_data=True)
-        raise
-    return cluster.bootstrap_servers
-
-
-def down(
-    state_dir: Path | None = None, *, keep_data: bool = False, timeout_s: float = 15.0
-) -> LocalClusterStatus | None:
-    """Stop the detached cluster recorded in ``state_dir`` and forget it.
-
-    Returns its status as it was before stopping, or None if nothing was recorded.
-    The data dir is removed unless ``keep_data``.
-    """
-    state_file = _state_file(state_dir)
-    cluster = _load_cluster(state_file)
-    if cluster is None:
-        return None
-    before = status(state_dir)
-    cluster.stop(timeout_s=timeout_s, remove_data=not keep_data)
-    state_file.unlink(missing_ok=True)
-    return before
 
 
 # --------------------------------------------------------------------------- log tails

@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from compose.local_broker import LocalBrokerError, LocalKafkaCluster, start_local_cluster
+from compose.errors import LocalBrokerError
+from compose.local_broker import LocalKafkaCluster, start_local_cluster
 
 log = logging.getLogger(__name__)
 

@@ -17,14 +17,9 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from compose.cli import register_kafka_commands, run_kafka_command
-from compose.local_broker import (
-    BrokerStartError,
-    LocalKafkaCluster,
-    MissingToolError,
-    ensure_broker_jars,
-    start_local_cluster,
-    status,
-)
+from compose.broker_daemon import status
+from compose.broker_jars import MissingToolError, ensure_broker_jars
+from compose.local_broker import BrokerStartError, LocalKafkaCluster, start_local_cluster
 
 CLIENT_LOG = logging.getLogger("tests.kafka.client")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -217,7 +212,7 @@ def test_three_nodes_elect_a_new_leader_after_sigkill_and_the_node_rejoins(
 _UP_IN_CHILD = """
 import sys
 from pathlib import Path
-from compose.local_broker import up
+from compose.broker_daemon import up
 print(up(1, Path(sys.argv[1])))
 """
 
