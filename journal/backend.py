@@ -79,6 +79,10 @@ class Backend(ABC):
         may be redone, ``FatalJournalError`` when this writer must stop.
         """
 
+    def offset_after(self, location: RecordLocation) -> int:
+        """The offset just past a record this backend committed (Kafka: offset + 1)."""
+        return location.offset + 1
+
     @abstractmethod
     def end_offset(self, partition: int) -> int:
         """The offset the next committed event record of ``partition`` will have at least."""

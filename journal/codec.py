@@ -175,8 +175,3 @@ class Codec:
         if body.tell() != len(data):
             raise CorruptRecordError(location, f"{len(data) - body.tell()} trailing bytes after {cls.RECORD} body")
         return _DECODERS[cls](raw)
-
-    def record_type(self, data: bytes) -> type | None:
-        """The record class named by an encoded record's fingerprint, or None."""
-        found = self._by_fingerprint.get(bytes(data[2:PREFIX_LEN]))
-        return found[0] if found else None

@@ -10,20 +10,26 @@ A frame is ``b"RJ" | type:u8 | key_len:u16 | value_len:u32 | crc32:u32 | key | v
 (little-endian; value_len ``0xFFFFFFFF`` is a tombstone). A commit first
 appends its snapshot frames to the current ``.snap`` file and fsyncs it, then
 appends its event frames and a COMMIT frame to the log and fsyncs that. The
-COMMIT frame names the snapshot generation and length it commits, so the log
-is the single commit point: on open, log bytes after the last COMMIT (a torn
-tail) are cut, and so are ``.snap`` bytes past the committed length. Readers
-hand out event records only once they have seen the COMMIT that covers them.
+COMMIT frame is the single commit point. Its value names
 
-An offset is a byte position in the concatenated log; like Kafka's offsets it
-is monotonic but not contiguous. The CRC lets a reader detect a corrupt record,
-report it by file and position, and resynchronise on the next valid frame.
+- the snapshot generation and length it commits, so ``.snap`` bytes past the
+  last commit (a crash between the two fsyncs) are cut on open;
+- the batch's first offset and the CRC-32 of the batch's event frames, so a
+  batch whose COMMIT reached the disk while an earlier page of it did not (a
+  power loss mid-fsync) is recognised and cut on open, never half-visible.
+
+Readers hand out event records only once they have seen the COMMIT that covers
+them. An offset is a byte position in the concatenated log; like Kafka's
+offsets it is monotonic but not contiguous. The per-frame CRC lets a reader
+detect a corrupt record, report it by file and position, and resynchronise on
+the next valid frame.
 
 Snapshots live apart from events so that reading the snapshot stream (every
 restore does) costs the size of the live snapshot set, not of the history.
-Compaction writes the newest two values of each live key into generation
-``gen + 1`` (tmp file, fsync, rename) and drops tombstoned keys; the next
-COMMIT then names the new generation.
+Compaction writes the newest two values of each live key, in their original
+order, into generation ``gen + 1`` (tmp file, fsync, rename) and then commits
+that generation with a COMMIT frame of its own; a compaction the log never
+committed is discarded on open.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, compacted
-from .errors import ConfigurationError, RecordLocation, WriterLockedError
+from .errors import ConfigurationError, JournalError, RecordLocation, WriterLockedError
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +52,8 @@ FRAME_MAGIC = b"RJ"
 _HEADER = struct.Struct("<2sBHII")
 HEADER_LEN = _HEADER.size  # 13
 _TOMBSTONE_LEN = 0xFFFFFFFF
-_MAX_VALUE_LEN = 256 * 1024 * 1024
+MAX_VALUE_LEN = 256 * 1024 * 1024
+MAX_KEY_LEN = 0xFFFF
 
 EVENT, SNAPSHOT, COMMIT = 1, 2, 3
 _TAIL_SCAN = 1 << 20  # bytes read at a time when looking backwards for the last commit marker
@@ -62,21 +69,111 @@ class _Frame:
     error: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class CommitMark:
+    """What a COMMIT frame commits."""
+
+    snap_generation: int
+    snap_length: int
+    batch_start: int  # global offset of the batch's first event frame (= the COMMIT's own if none)
+    batch_crc: int  # CRC-32 of the batch's event frames
+
+    def encode(self) -> bytes:
+        return f"{self.snap_generation}:{self.snap_length}:{self.batch_start}:{self.batch_crc}".encode()
+
+    @classmethod
+    def decode(cls, value: bytes | None) -> "CommitMark":
+        try:
+            generation, length, start, crc = (value or b"").decode().split(":")
+            return cls(int(generation), int(length), int(start), int(crc))
+        except ValueError:
+            raise JournalError(f"unreadable commit marker {value!r}") from None
+
+
+EMPTY = CommitMark(0, 0, 0, 0)
+
+
 def encode_frame(type_: int, key: str, value: bytes | None) -> bytes:
     key_bytes = key.encode()
+    if len(key_bytes) > MAX_KEY_LEN:
+        raise ValueError(f"record key {key[:40]!r}... is {len(key_bytes)} bytes; the file journal allows {MAX_KEY_LEN}")
+    if value is not None and len(value) > MAX_VALUE_LEN:
+        raise ValueError(f"record {key!r} is {len(value)} bytes; the file journal allows {MAX_VALUE_LEN}")
     value_len = _TOMBSTONE_LEN if value is None else len(value)
     body = key_bytes + (value or b"")
     crc = zlib.crc32(bytes((type_,)) + body)
     return _HEADER.pack(FRAME_MAGIC, type_, len(key_bytes), value_len, crc) + body
 
 
-def _commit_value(value: bytes | None) -> tuple[int, int]:
-    generation, _, length = (value or b"0:0").decode().partition(":")
-    return int(generation), int(length or 0)
-
-
 def _segment_name(base: int) -> str:
     return f"{base:020d}.seg"
+
+
+def _parse(data: bytes, pos: int, base: int) -> _Frame:
+    """The frame at ``data[pos:]`` (``base`` = global offset of ``data[0]``), or one with ``error`` set."""
+    where = base + pos
+    if len(data) - pos < HEADER_LEN:
+        return _Frame(where, 0, "", None, where, error=f"truncated frame header ({len(data) - pos} bytes)")
+    magic, type_, key_len, value_len, crc = _HEADER.unpack_from(data, pos)
+    if magic != FRAME_MAGIC:
+        return _Frame(where, 0, "", None, where, error=f"bad frame magic {magic.hex()}")
+    if type_ not in (EVENT, SNAPSHOT, COMMIT):
+        return _Frame(where, 0, "", None, where, error=f"unknown frame type {type_}")
+    tombstone = value_len == _TOMBSTONE_LEN
+    body_len = key_len + (0 if tombstone else value_len)
+    if not tombstone and value_len > MAX_VALUE_LEN:
+        return _Frame(where, 0, "", None, where, error=f"implausible value length {value_len}")
+    start = pos + HEADER_LEN
+    if start + body_len > len(data):
+        return _Frame(where, 0, "", None, where, error=f"truncated frame body (needs {body_len} bytes)")
+    body = data[start:start + body_len]
+    if zlib.crc32(bytes((type_,)) + body) != crc:
+        return _Frame(where, type_, "", None, where, error="CRC mismatch")
+    try:
+        key = body[:key_len].decode()
+    except UnicodeDecodeError:
+        return _Frame(where, type_, "", None, where, error="key is not UTF-8")
+    value = None if tombstone else body[key_len:]
+    return _Frame(where, type_, key, value, base + start + body_len)
+
+
+def _resync(data: bytes, pos: int, base: int) -> int:
+    """Position of the next valid frame at or after ``pos`` (``len(data)`` if none)."""
+    while True:
+        pos = data.find(FRAME_MAGIC, pos)
+        if pos < 0:
+            return len(data)
+        if _parse(data, pos, base).error is None:
+            return pos
+        pos += 1
+
+
+def _frames(data: bytes, base: int, start: int = 0) -> Iterator[_Frame]:
+    """Every frame of ``data`` from ``start``; a bad frame is reported, then reading
+    resynchronises on the next valid frame. A ``start`` inside a frame (any offset may
+    be asked for, as with Kafka) begins at the next frame; a truncated last frame
+    with nothing valid after it is a torn tail, not an error."""
+    pos, size = start, len(data)
+    if 0 < pos < size and _parse(data, pos, base).error is not None:
+        pos = _resync(data, pos, base)
+    while pos < size:
+        frame = _parse(data, pos, base)
+        if frame.error is None:
+            yield frame
+            pos = frame.end - base
+            continue
+        following = _resync(data, pos + 1, base)
+        if frame.error.startswith("truncated") and following >= size:
+            return
+        yield frame
+        pos = following
+
+
+def _batch_intact(data: bytes, base: int, commit: _Frame, mark: CommitMark) -> bool:
+    """Whether the batch a COMMIT frame closes is on disk whole (its CRC matches)."""
+    if mark.batch_start < base:
+        return True  # the batch began in an earlier segment (never: segments roll after a commit)
+    return zlib.crc32(data[mark.batch_start - base:commit.position - base]) == mark.batch_crc
 
 
 class FileBackend(Backend):
@@ -109,6 +206,8 @@ class FileBackend(Backend):
         self._lock_file = None
         self._active = None
         self._snap_file = None
+        self._last_mark = EMPTY
+        self._frame_ends: dict[int, int] = {}  # event frame start -> end, for the last commit
         if read_only:
             if not self._log_dir.is_dir():
                 raise ConfigurationError(f"no file journal at {self.root} (missing {self._log_dir})")
@@ -116,11 +215,11 @@ class FileBackend(Backend):
         self._log_dir.mkdir(parents=True, exist_ok=True)
         self._snap_dir.mkdir(exist_ok=True)
         self._acquire_lock()
-        self._cut_torn_tail()
+        self._last_mark = self._cut_torn_tail()
         self._open_active()
         self._open_snapshots()
 
-    # -- writer side -------------------------------------------------------
+    # -- opening -------------------------------------------------------------
     def _acquire_lock(self) -> None:
         path = self.root / "LOCK"
         self._lock_file = open(path, "a+")
@@ -149,89 +248,59 @@ class FileBackend(Backend):
                 raise ConfigurationError(f"unexpected file {path} in journal log directory") from None
         return sorted(out)
 
-    def _cut_torn_tail(self) -> None:
-        """Cut bytes after the last commit marker of the newest segment."""
+    def _cut_torn_tail(self) -> CommitMark:
+        """Cut the newest segment back to its last commit whose batch is intact; that commit's mark."""
         segments = self._segments()
         if not segments:
-            return
+            return EMPTY
         base, path = segments[-1]
-        last_commit_end = 0
-        for frame in self._frames_in(path, base, 0):
+        data = path.read_bytes()
+        keep, mark = 0, None
+        for frame in _frames(data, base):
             if frame.error is None and frame.type == COMMIT:
-                last_commit_end = frame.end - base
-        size = path.stat().st_size
-        if size > last_commit_end:
-            log.warning(
-                "file journal %s: cutting %d uncommitted bytes at position %d (torn tail after a crash)",
-                path, size - last_commit_end, base + last_commit_end,
-            )
+                candidate = CommitMark.decode(frame.value)
+                if not _batch_intact(data, base, frame, candidate):
+                    break  # a torn batch: it and everything after it never fully reached the disk
+                keep, mark = frame.end - base, candidate
+        if len(data) > keep:
+            log.warning("file journal %s: cutting %d uncommitted bytes at position %d (torn tail after a crash)",
+                        path, len(data) - keep, base + keep)
             with open(path, "r+b") as f:
-                f.truncate(last_commit_end)
+                f.truncate(keep)
                 os.fsync(f.fileno())
+        return mark if mark is not None else self._last_commit_before(base)
 
-    def _snap_path(self, generation: int) -> Path:
-        return self._snap_dir / f"{generation:010d}.snap"
-
-    def _snap_generations(self) -> list[int]:
-        return sorted(int(p.stem) for p in self._snap_dir.glob("*.snap")) if self._snap_dir.is_dir() else []
-
-    def _committed_snapshots(self) -> tuple[int, int | None]:
-        """(generation, committed length) of the snapshot file to read; length None: all of it.
-
-        The newest generation wins: if it is newer than the last commit names, it
-        is a compaction's complete output, renamed into place before any commit used it.
-        """
-        generation, length = self._last_commit()
-        generations = self._snap_generations()
-        newest = generations[-1] if generations else generation
-        if newest > generation:
-            return newest, None
-        if newest < generation:
-            raise ConfigurationError(
-                f"file journal {self.root}: snapshot generation {generation} named by the log is missing "
-                f"from {self._snap_dir}; the journal directory was altered"
-            )
-        return generation, length
-
-    def _open_snapshots(self) -> None:
-        generation, length = self._committed_snapshots()
-        path = self._snap_path(generation)
-        path.touch()
-        if length is not None and path.stat().st_size > length:
-            log.warning("file journal %s: cutting %d uncommitted snapshot bytes (torn tail after a crash)",
-                        path, path.stat().st_size - length)
-            with open(path, "r+b") as f:
-                f.truncate(length)
-                os.fsync(f.fileno())
-        for older in self._snap_generations():
-            if older < generation:
-                self._snap_path(older).unlink()
-        self._snap_gen = generation
-        self._snap_file = open(path, "ab")
-        self._snap_end = self._snap_file.tell()
-        self._snap_compacted_size = self._snap_end
-
-    def _last_commit(self) -> tuple[int, int]:
-        """(snapshot generation, snapshot length) named by the log's last COMMIT frame."""
-        if self._snap_file is not None:
-            return self._snap_gen, self._snap_end
+    def _last_commit_before(self, end: int) -> CommitMark:
         for base, path in reversed(self._segments()):
-            size = path.stat().st_size
-            window = _TAIL_SCAN
-            with open(path, "rb") as f:
-                while True:
-                    start = max(0, size - window)
-                    f.seek(start)
-                    data = f.read(size - start)
-                    pos = len(data)
-                    while (pos := data.rfind(FRAME_MAGIC + bytes((COMMIT,)), 0, pos)) >= 0:
-                        frame = self._parse(data, pos, base + start, path)
-                        if frame.error is None and frame.type == COMMIT:
-                            return _commit_value(frame.value)
-                    if start == 0:
-                        break
-                    window *= 4
-        return 0, 0
+            if base >= end:
+                continue
+            found = self._find_last_commit(path, base)
+            if found is not None:
+                return found
+        return EMPTY
+
+    def _find_last_commit(self, path: Path, base: int) -> CommitMark | None:
+        """The mark of the segment's last COMMIT whose batch is intact, searching backwards."""
+        size = path.stat().st_size
+        window = _TAIL_SCAN
+        with open(path, "rb") as f:
+            while True:
+                start = max(0, size - window)
+                f.seek(start)
+                data = f.read(size - start)
+                pos = len(data)
+                while (pos := data.rfind(FRAME_MAGIC + bytes((COMMIT,)), 0, pos)) >= 0:
+                    frame = _parse(data, pos, base + start)
+                    if frame.error is None and frame.type == COMMIT:
+                        mark = CommitMark.decode(frame.value)
+                        if mark.batch_start >= base + start and _batch_intact(data, base + start, frame, mark):
+                            return mark
+                        if mark.batch_start >= base + start:
+                            continue  # torn: look for the commit before it
+                        break  # the batch starts before this window: widen it
+                if start == 0 and pos < 0:
+                    return None
+                window *= 4
 
     def _open_active(self) -> None:
         segments = self._segments()
@@ -243,6 +312,35 @@ class FileBackend(Backend):
         self._active_base = base
         self._active = open(path, "ab")
         self._end = base + self._active.tell()
+
+    def _snap_path(self, generation: int) -> Path:
+        return self._snap_dir / f"{generation:010d}.snap"
+
+    def _snap_generations(self) -> list[int]:
+        return sorted(int(p.stem) for p in self._snap_dir.glob("*.snap")) if self._snap_dir.is_dir() else []
+
+    def _open_snapshots(self) -> None:
+        """Keep exactly the committed snapshot generation, cut to its committed length."""
+        mark = self._last_mark
+        path = self._snap_path(mark.snap_generation)
+        for generation in self._snap_generations():
+            if generation != mark.snap_generation:  # older, or a compaction the log never committed
+                self._snap_path(generation).unlink()
+        if not path.exists():
+            if mark.snap_length:
+                raise ConfigurationError(
+                    f"file journal {self.root}: snapshot file {path} named by the log is missing; "
+                    "the journal directory was altered"
+                )
+            path.touch()
+        if path.stat().st_size > mark.snap_length:
+            log.warning("file journal %s: cutting %d uncommitted snapshot bytes (torn tail after a crash)",
+                        path, path.stat().st_size - mark.snap_length)
+            with open(path, "r+b") as f:
+                f.truncate(mark.snap_length)
+                os.fsync(f.fileno())
+        self._snap_file = open(path, "ab")
+        self._snap_compacted_size = mark.snap_length
 
     def _roll_segment(self) -> None:
         self._active.close()
@@ -259,15 +357,17 @@ class FileBackend(Backend):
         finally:
             os.close(fd)
 
+    # -- writing -------------------------------------------------------------
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
         if self._active is None:
             raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot commit")
         event_frames: list[bytes] = []
         snap_frames: list[bytes] = []
         locations: list[RecordLocation] = []
-        position, snap_position = self._end, self._snap_end
+        ends: dict[int, int] = {}
+        position, snap_position = self._end, self._last_mark.snap_length
         log_source = str(self._log_dir / _segment_name(self._active_base))
-        snap_source = str(self._snap_path(self._snap_gen))
+        snap_source = str(self._snap_path(self._last_mark.snap_generation))
         for record in records:
             if record.stream is Stream.EVENTS:
                 if record.value is None:
@@ -275,6 +375,7 @@ class FileBackend(Backend):
                 frame = encode_frame(EVENT, record.key, record.value)
                 locations.append(RecordLocation(log_source, 0, position))
                 event_frames.append(frame)
+                ends[position] = position + len(frame)
                 position += len(frame)
             else:
                 frame = encode_frame(SNAPSHOT, record.key, record.value)
@@ -282,24 +383,35 @@ class FileBackend(Backend):
                 snap_frames.append(frame)
                 snap_position += len(frame)
         if snap_frames:  # durable before the commit marker that makes them visible
-            self._snap_file.write(b"".join(snap_frames))
-            self._snap_file.flush()
-            if self.fsync:
-                os.fsync(self._snap_file.fileno())
-        event_frames.append(encode_frame(COMMIT, "", f"{self._snap_gen}:{snap_position}".encode()))
-        data = b"".join(event_frames)
-        self._active.write(data)
-        self._active.flush()
-        if self.fsync:
-            os.fsync(self._active.fileno())
-        self._end += len(data)
-        self._snap_end = snap_position
+            self._write(self._snap_file, b"".join(snap_frames))
+        batch = b"".join(event_frames)
+        mark = CommitMark(self._last_mark.snap_generation, snap_position, self._end, zlib.crc32(batch))
+        self._append_commit(batch, mark)
+        self._frame_ends = ends
         if self._end - self._active_base >= self.segment_bytes:
             self._roll_segment()
-        grown = self._snap_end - self._snap_compacted_size
-        if grown >= self.min_compaction_bytes and grown >= self.max_dirty_ratio * self._snap_end:
-            self.compact_snapshots()
+        grown = mark.snap_length - self._snap_compacted_size
+        if grown >= self.min_compaction_bytes and grown >= self.max_dirty_ratio * mark.snap_length:
+            try:
+                self.compact_snapshots()
+            except OSError as exc:  # the commit above is durable; compaction can wait for the next one
+                log.error("file journal %s: snapshot compaction failed, will retry: %s", self.root, exc)
         return locations
+
+    def _write(self, file, data: bytes) -> None:
+        file.write(data)
+        file.flush()
+        if self.fsync:
+            os.fsync(file.fileno())
+
+    def _append_commit(self, batch: bytes, mark: CommitMark) -> None:
+        data = batch + encode_frame(COMMIT, "", mark.encode())
+        self._write(self._active, data)
+        self._end += len(data)
+        self._last_mark = mark
+
+    def offset_after(self, location: RecordLocation) -> int:
+        return self._frame_ends.get(location.offset, location.offset + 1)
 
     def end_offset(self, partition: int = 0) -> int:
         if self._active is not None:
@@ -307,81 +419,61 @@ class FileBackend(Backend):
         segments = self._segments()
         return segments[-1][0] + segments[-1][1].stat().st_size if segments else 0
 
+    def compact_snapshots(self, keep_per_key: int = 2) -> None:
+        """Write the next snapshot generation with the newest ``keep_per_key`` values of
+        each live key, in their original order; tombstoned keys are dropped. Crash-safe:
+        tmp file, fsync, rename, then a COMMIT frame naming the new generation."""
+        skipped: list[StoredRecord] = []
+        latest = compacted(self.read_snapshots(), keep_per_key, skipped.append)
+        for record in skipped:
+            log.warning("file journal %s: compaction drops unreadable snapshot record at %s: %s",
+                        self.root, record.location, record.error)
+        kept = sorted((r for records in latest.values() for r in records), key=lambda r: r.location.offset)
+        generation = self._last_mark.snap_generation + 1
+        tmp = self._snap_path(generation).with_suffix(".tmp")
+        with open(tmp, "wb") as f:
+            for record in kept:
+                f.write(encode_frame(SNAPSHOT, record.key, record.value))
+            f.flush()
+            os.fsync(f.fileno())
+            length = f.tell()
+        os.replace(tmp, self._snap_path(generation))
+        self._fsync_dir(self._snap_dir)
+        old = self._snap_path(self._last_mark.snap_generation)
+        self._append_commit(b"", CommitMark(generation, length, self._end, zlib.crc32(b"")))
+        self._snap_file.close()
+        self._snap_file = open(self._snap_path(generation), "ab")
+        self._snap_compacted_size = length
+        old.unlink()
+
     # -- reading -----------------------------------------------------------
-    def _frames_in(self, path: Path, base: int, start: int) -> Iterator[_Frame]:
-        """Every frame of one segment from ``start``; a bad frame is reported, then the
-        reader resynchronises on the next valid frame. A ``start`` inside a frame
-        (any offset may be asked for, as with Kafka) begins at the next frame."""
-        with open(path, "rb") as f:
-            data = f.read()  # segments are bounded (segment_bytes); one read beats many small ones
-        pos, size = start, len(data)
-        if 0 < pos < size and self._parse(data, pos, base, path).error is not None:
-            pos = self._resync(data, pos, base, path)
-        while pos < size:
-            frame = self._parse(data, pos, base, path)
-            if frame.error is None:
-                yield frame
-                pos = frame.end - base
-                continue
-            if frame.error.startswith("truncated") and self._no_valid_frame_after(data, pos + 1, base, path):
-                return  # a torn tail: not an error, simply uncommitted bytes
-            yield frame
-            pos = self._resync(data, pos + 1, base, path)
-
-    def _parse(self, data: bytes, pos: int, base: int, path: Path) -> _Frame:
-        where = base + pos
-        if len(data) - pos < HEADER_LEN:
-            return _Frame(where, 0, "", None, where, error=f"truncated frame header ({len(data) - pos} bytes)")
-        magic, type_, key_len, value_len, crc = _HEADER.unpack_from(data, pos)
-        if magic != FRAME_MAGIC:
-            return _Frame(where, 0, "", None, where, error=f"bad frame magic {magic.hex()}")
-        if type_ not in (EVENT, SNAPSHOT, COMMIT):
-            return _Frame(where, 0, "", None, where, error=f"unknown frame type {type_}")
-        tombstone = value_len == _TOMBSTONE_LEN
-        body_len = key_len + (0 if tombstone else value_len)
-        if not tombstone and value_len > _MAX_VALUE_LEN:
-            return _Frame(where, 0, "", None, where, error=f"implausible value length {value_len}")
-        start = pos + HEADER_LEN
-        if start + body_len > len(data):
-            return _Frame(where, 0, "", None, where, error=f"truncated frame body (needs {body_len} bytes)")
-        body = data[start:start + body_len]
-        if zlib.crc32(bytes((type_,)) + body) != crc:
-            return _Frame(where, type_, "", None, where, error="CRC mismatch")
-        try:
-            key = body[:key_len].decode()
-        except UnicodeDecodeError:
-            return _Frame(where, type_, "", None, where, error="key is not UTF-8")
-        value = None if tombstone else body[key_len:]
-        return _Frame(where, type_, key, value, base + start + body_len)
-
-    def _resync(self, data: bytes, pos: int, base: int, path: Path) -> int:
-        while True:
-            pos = data.find(FRAME_MAGIC, pos)
-            if pos < 0:
-                return len(data)
-            if self._parse(data, pos, base, path).error is None:
-                return pos
-            pos += 1
-
-    def _no_valid_frame_after(self, data: bytes, pos: int, base: int, path: Path) -> bool:
-        return self._resync(data, pos, base, path) >= len(data)
-
     def _committed_frames(self, from_offset: int) -> Iterator[tuple[Path, _Frame]]:
-        """Frames whose batch has a commit marker, with their segment; bad frames are
-        passed through at once."""
+        """Event frames whose batch has an intact commit marker, with their segment; bad
+        frames are passed through at once. A batch whose CRC fails is withheld if it is
+        the log's last (a torn tail the writer will cut) and reported otherwise."""
         pending: list[tuple[Path, _Frame]] = []
-        for base, path in self._segments():
-            next_base = base + path.stat().st_size
-            if next_base <= from_offset:
+        segments = self._segments()
+        for i, (base, path) in enumerate(segments):
+            if i + 1 < len(segments) and segments[i + 1][0] <= from_offset:
                 continue
-            for frame in self._frames_in(path, base, max(0, from_offset - base)):
+            data = path.read_bytes()  # segments are bounded (segment_bytes): one read beats many
+            frames = _frames(data, base, max(0, from_offset - base))
+            for frame in frames:
                 if frame.error is not None:
                     yield path, frame
-                elif frame.type == COMMIT:
+                elif frame.type != COMMIT:
+                    pending.append((path, frame))
+                elif _batch_intact(data, base, frame, CommitMark.decode(frame.value)):
                     yield from pending
                     pending.clear()
+                elif i + 1 == len(segments) and frame.end == base + len(data):
+                    return  # the torn last batch: not committed
                 else:
-                    pending.append((path, frame))
+                    yield path, _Frame(frame.position, COMMIT, "", None, frame.end,
+                                       error=f"commit at {frame.position} covers a batch that fails its CRC; "
+                                             f"{len(pending)} records of it are reported as they are")
+                    yield from pending
+                    pending.clear()
         # records still pending belong to a batch being written now (or a torn tail): not committed
 
     @staticmethod
@@ -395,48 +487,35 @@ class FileBackend(Backend):
             if frame.error is not None or frame.type == EVENT:
                 yield self._stored(path, frame)
 
-    def read_snapshots(self) -> Iterator[StoredRecord]:
-        generation, length = self._committed_snapshots()
-        path = self._snap_path(generation)
-        if not path.exists():
-            return
-        with open(path, "rb") as f:
-            data = f.read() if length is None else f.read(length)
-        pos = 0
-        while pos < len(data):
-            frame = self._parse(data, pos, 0, path)
-            yield self._stored(path, frame)
-            pos = frame.end if frame.error is None else self._resync(data, pos + 1, 0, path)
+    def _committed_mark(self) -> CommitMark:
+        if self._active is not None:
+            return self._last_mark
+        segments = self._segments()
+        return self._last_commit_before(segments[-1][0] + 1) if segments else EMPTY
 
-    def compact_snapshots(self, keep_per_key: int = 2) -> None:
-        """Write the next snapshot generation with the newest ``keep_per_key`` values of
-        each live key (the previous one is the fallback if the newest proves corrupt);
-        tombstoned keys are dropped. Crash-safe: tmp file, fsync, rename, then switch."""
-        latest = compacted(self.read_snapshots(), keep_per_key)
-        generation = self._snap_gen + 1
-        tmp = self._snap_path(generation).with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            for records in latest.values():
-                for record in records:
-                    f.write(encode_frame(SNAPSHOT, record.key, record.value))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self._snap_path(generation))
-        self._fsync_dir(self._snap_dir)
-        old = self._snap_path(self._snap_gen)
-        self._snap_file.close()
-        self._snap_gen = generation
-        self._snap_file = open(self._snap_path(generation), "ab")
-        self._snap_end = self._snap_compacted_size = self._snap_file.tell()
-        old.unlink()
+    def read_snapshots(self) -> Iterator[StoredRecord]:
+        for attempt in range(3):  # a concurrent writer's compaction may retire the file we were told of
+            mark = self._committed_mark()
+            path = self._snap_path(mark.snap_generation)
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(mark.snap_length)
+                break
+            except FileNotFoundError:
+                if mark.snap_length == 0:
+                    return
+                if attempt == 2:
+                    raise JournalError(f"file journal {self.root}: snapshot file {path} named by the log "
+                                       "is missing") from None
+        for frame in _frames(data, 0):
+            yield self._stored(path, frame)
 
     def close(self) -> None:
-        if self._active is not None:
-            self._active.close()
-            self._active = None
-        if self._snap_file is not None:
-            self._snap_file.close()
-            self._snap_file = None
+        for name in ("_active", "_snap_file"):
+            file = getattr(self, name)
+            if file is not None:
+                file.close()
+                setattr(self, name, None)
         if self._lock_file is not None:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)
             self._lock_file.close()

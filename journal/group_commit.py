@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
-from .backend import Backend, OutRecord
+from .backend import Backend, OutRecord, Stream
 from .errors import AbortableCommitError, FatalJournalError, JournalClosedError, RecordLocation
 
 log = logging.getLogger(__name__)
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 class AppendReceipt:
     """Proof that an append is durable."""
 
-    locations: list[RecordLocation]  # one per record of the append, in order
+    locations: list[RecordLocation]  # one per event of the append, in order
     commit_ms: float  # wall time of the backend commit that carried it
     batch_appends: int  # how many appends shared that commit
 
@@ -46,13 +46,13 @@ class GroupCommitter:
         backend: Backend,
         *,
         linger_ms: float,
-        max_batch_records: int,
+        max_batch_appends: int,
         max_commit_attempts: int,
         on_committed: Callable[[Sequence[OutRecord], list[RecordLocation]], None],
     ) -> None:
         self._backend = backend
         self._linger_s = linger_ms / 1000.0
-        self._max_records = max_batch_records
+        self._max_appends = max_batch_appends
         self._max_attempts = max_commit_attempts
         self._on_committed = on_committed
         self._queue: queue.Queue[PendingAppend | None] = queue.Queue()
@@ -79,7 +79,7 @@ class GroupCommitter:
     def _drain(self, first: PendingAppend) -> tuple[list[PendingAppend], bool]:
         batch, stop = [first], False
         deadline = time.monotonic() + self._linger_s
-        while len(batch) < self._max_records:
+        while len(batch) < self._max_appends:
             timeout = deadline - time.monotonic()
             try:
                 item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
@@ -92,33 +92,39 @@ class GroupCommitter:
         return batch, stop
 
     def _run(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            batch, stop = self._drain(first)
-            self._commit(batch)
-            if stop:
-                return
+        try:
+            while True:
+                first = self._queue.get()
+                if first is None:
+                    return
+                batch, stop = self._drain(first)
+                self._commit(batch)
+                if stop:
+                    return
+        except BaseException as exc:  # a bug here must not leave callers waiting forever
+            log.exception("journal committer crashed")
+            self._fail([], exc)
 
     def _commit(self, batch: list[PendingAppend]) -> None:
+        # A caller that stopped waiting (a cancelled future) still gets its records committed:
+        # skipping them could leave a later turn of the same rollout durable without this one.
+        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
         if self._failure is not None:
-            for pending in batch:
+            for pending in live:
                 pending.future.set_exception(JournalClosedError(f"journal stopped after a fatal error: {self._failure}"))
             return
         built: list[tuple[PendingAppend, Sequence[OutRecord]]] = []
-        for pending in batch:
-            try:
+        try:
+            for pending in batch:
                 built.append((pending, pending.build()))
-            except BaseException as exc:  # a bad append fails alone, not its neighbours
-                pending.future.set_exception(exc)
-        if not built:
+        except BaseException as exc:  # a later append may depend on this one: nothing of the batch commits
+            self._fail([(p, ()) for p in batch], FatalJournalError(f"could not build a journal batch: {exc!r}"))
             return
         records = [r for _, recs in built for r in recs]
         for attempt in range(1, self._max_attempts + 1):
             started = time.perf_counter()
             try:
-                locations = self._backend.commit(records)
+                locations = self._backend.commit(records) if records else []
                 break
             except AbortableCommitError as exc:
                 log.warning("commit of %d records aborted (attempt %d/%d), redoing: %s",
@@ -133,18 +139,22 @@ class GroupCommitter:
         self._on_committed(records, locations)
         i = 0
         for pending, recs in built:
-            pending.future.set_result(AppendReceipt(locations[i:i + len(recs)], commit_ms, len(built)))
+            if pending.future.running():
+                mine = zip(recs, locations[i:i + len(recs)])
+                events = [loc for record, loc in mine if record.stream is Stream.EVENTS]
+                pending.future.set_result(AppendReceipt(events, commit_ms, len(built)))
             i += len(recs)
 
-    def _fail(self, built: list[tuple[PendingAppend, Sequence[OutRecord]]], exc: BaseException) -> None:
+    def _fail(self, built: Sequence[tuple[PendingAppend, Sequence[OutRecord]]], exc: BaseException) -> None:
         log.error("journal commit failed fatally; stopping the writer: %s", exc)
         self._failure = exc
         for pending, _ in built:
-            pending.future.set_exception(exc)
+            if pending.future.running():
+                pending.future.set_exception(exc)
         while True:  # fail whatever is already queued too
             try:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not None:
+            if item is not None and item.future.set_running_or_notify_cancel():
                 item.future.set_exception(JournalClosedError(f"journal stopped after a fatal error: {exc}"))

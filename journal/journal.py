@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
@@ -15,7 +15,7 @@ from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLo
 from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent, Snapshot
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
-from .snapshots import SnapshotDraft, SnapshotIndex, blob_tombstones, load_snapshots, snapshot_records
+from .snapshots import SnapshotDraft, SnapshotIndex, blob_tombstones, fence_key, load_snapshots, snapshot_records
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class Cursor:
     offset: int = 0
     after_seq: int = -1
     epoch: int = 0
+    resume_seq: int | None = None  # the fence's AttemptStarted is still ahead: older epochs count below this seq
 
 
 class Journal:
@@ -63,7 +64,7 @@ class Journal:
         backend: Backend,
         *,
         linger_ms: float = 2.0,
-        max_batch_records: int = 4096,
+        max_batch_appends: int = 4096,
         max_commit_attempts: int = 5,
         inline_snapshot_limit: int = 256 * 1024,
     ) -> None:
@@ -77,7 +78,7 @@ class Journal:
         self._committer = GroupCommitter(
             backend,
             linger_ms=linger_ms,
-            max_batch_records=max_batch_records,
+            max_batch_appends=max_batch_appends,
             max_commit_attempts=max_commit_attempts,
             on_committed=self._note_committed,
         )
@@ -92,18 +93,26 @@ class Journal:
         Raises ``FencedWriteError`` at once if an event's epoch is older than
         the epoch this journal knows for its rollout.
         """
+        headers = [e.header for e in events] + ([snapshot.header] if snapshot is not None else [])
         with self._fence_lock:
-            for event in events:
-                header = event.header
+            for header in headers:
                 current = self._fence.current(header.rollout_id)
                 if header.epoch < current:
                     raise FencedWriteError(header.rollout_id, header.epoch, current)
+            for event in events:
                 if isinstance(event, AttemptStarted):
-                    self._fence.raise_to(header.rollout_id, header.epoch)
-        encoded = [OutRecord(Stream.EVENTS, e.header.rollout_id, self.codec.encode(e), e.header.rollout_id)
-                   for e in events]
+                    self._fence.raise_to(event.header.rollout_id, event.header.epoch)
+        encoded = []
+        for event in events:
+            rollout_id, value = event.header.rollout_id, self.codec.encode(event)
+            encoded.append(OutRecord(Stream.EVENTS, rollout_id, value, rollout_id))
+            if isinstance(event, AttemptStarted):  # the fence, in the same commit, where restore reads first
+                encoded.append(OutRecord(Stream.SNAPSHOTS, fence_key(rollout_id), value, rollout_id))
         if snapshot is None:
             return self._committer.submit(lambda: encoded)
+        partition = self.partition_of(snapshot.header.rollout_id)
+        if partition not in self._committed_end:  # asked here, not in the committer: it may fail or block
+            self._committed_end.setdefault(partition, self.backend.end_offset(partition))
         return self._committer.submit(lambda: encoded + self._snapshot_records(snapshot))
 
     def append_sync(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None) -> AppendReceipt:
@@ -129,7 +138,7 @@ class Journal:
         self._blobs[rollout_id] = blob
 
     def _tombstone_records(self, rollout_id: str) -> list[OutRecord]:
-        records = [OutRecord(Stream.SNAPSHOTS, rollout_id, None, rollout_id)]
+        records = [OutRecord(Stream.SNAPSHOTS, key, None, rollout_id) for key in (rollout_id, fence_key(rollout_id))]
         blob = self._blobs.pop(rollout_id, None)
         if blob is not None:
             records[:0] = blob_tombstones(rollout_id, blob)
@@ -140,8 +149,6 @@ class Journal:
         # ``covers_seq`` can precede the end of our previous commit.
         rollout_id = draft.header.rollout_id
         partition = self.partition_of(rollout_id)
-        if partition not in self._committed_end:
-            self._committed_end[partition] = self.backend.end_offset(partition)
         records, blob = snapshot_records(
             self.codec, draft, partition, self._committed_end[partition],
             self.inline_snapshot_limit, self._blobs.get(rollout_id),
@@ -151,8 +158,10 @@ class Journal:
 
     def _note_committed(self, records: Sequence[OutRecord], locations: list[RecordLocation]) -> None:
         for record, location in zip(records, locations):
-            if record.stream is Stream.EVENTS and location.offset + 1 > self._committed_end.get(location.partition, 0):
-                self._committed_end[location.partition] = location.offset + 1
+            if record.stream is Stream.EVENTS:
+                after = self.backend.offset_after(location)
+                if after > self._committed_end.get(location.partition, 0):
+                    self._committed_end[location.partition] = after
 
     def flush(self) -> None:
         """Wait until everything appended so far is durable."""
@@ -201,7 +210,7 @@ class Journal:
         for partition, wanted in sorted(by_partition.items()):
             fence = EpochFence()
             for rollout_id, cursor in wanted.items():
-                fence.raise_to(rollout_id, cursor.epoch)
+                fence.raise_to(rollout_id, cursor.epoch, cursor.resume_seq)
             start = min(c.offset for c in wanted.values())
             for stored in self.backend.read_events(partition, start):
                 cursor = wanted.get(stored.key)

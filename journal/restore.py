@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .events import AttemptStarted, RolloutAcknowledged, RolloutFinished
 from .journal import Cursor, Journal, JournaledEvent, ReadReport
-from .snapshots import LoadedSnapshot
+from .snapshots import Fence, LoadedSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -27,18 +27,19 @@ class RolloutHistory:
     rollout_id: str
     snapshot: LoadedSnapshot | None  # None: replay from the rollout's first event
     events: list[JournaledEvent] = field(default_factory=list)
+    fence: Fence | None = None  # its newest attempt, from the snapshot stream
 
     @property
     def epoch(self) -> int:
         epochs = [e.event.header.epoch for e in self.events if isinstance(e.event, AttemptStarted)]
         base = self.snapshot.snapshot.header.epoch if self.snapshot else 0
-        return max([base, *epochs])
+        return max([base, self.fence.epoch if self.fence else 0, *epochs])
 
     @property
     def attempt(self) -> int:
         attempts = [e.event.header.attempt for e in self.events if isinstance(e.event, AttemptStarted)]
         base = self.snapshot.snapshot.header.attempt if self.snapshot else 0
-        return max([base, *attempts])
+        return max([base, self.fence.attempt if self.fence else 0, *attempts])
 
     @property
     def finished(self) -> bool:
@@ -67,15 +68,19 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
     report.errors.extend(index.errors)
     cursors: dict[str, Cursor] = {}
     histories: dict[str, RolloutHistory] = {}
-    for rollout_id, loaded in index.snapshots.items():
-        histories[rollout_id] = RolloutHistory(rollout_id, loaded)
+    for rollout_id in index.snapshots.keys() | index.fences.keys():
+        loaded, fence = index.snapshots.get(rollout_id), index.fences.get(rollout_id)
+        histories[rollout_id] = RolloutHistory(rollout_id, loaded, fence=fence)
+        cursor = Cursor()
         if loaded is None:
             log.warning("rollout %s has no valid snapshot left; replaying it from its first event", rollout_id)
-            cursors[rollout_id] = Cursor()
         else:
             s = loaded.snapshot
-            cursors[rollout_id] = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
+            cursor = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
             journal.note_blob(rollout_id, s.blob)
+        if fence is not None and fence.epoch > cursor.epoch:  # its AttemptStarted lies ahead of the cursor
+            cursor = Cursor(cursor.offset, cursor.after_seq, fence.epoch, resume_seq=fence.seq)
+        cursors[rollout_id] = cursor
     replayed = 0
     for item in journal.read_rollouts(cursors, report):
         histories[item.event.header.rollout_id].events.append(item)

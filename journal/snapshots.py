@@ -3,7 +3,13 @@ loading the newest valid one per rollout.
 
 A snapshot only bounds restore time; the recovery point is the last committed
 turn. So a snapshot that proves corrupt is not fatal: the loader falls back to
-the previous retained snapshot of that rollout, or to none (a full replay).
+the previous retained snapshot of that rollout (inline snapshots; a superseded
+blob's chunks are tombstoned), or to none (a full replay).
+
+The stream also holds each rollout's fence: ``<rollout>/fence`` is the
+``AttemptStarted`` of its newest attempt, written in the same commit. A
+snapshot of an older epoch counts only if it precedes the fence in the stream;
+one written after it comes from a zombie attempt and is ignored.
 """
 
 from __future__ import annotations
@@ -15,9 +21,14 @@ from dataclasses import dataclass, field
 from .backend import OutRecord, StoredRecord, Stream, compacted
 from .codec import Codec
 from .errors import CorruptRecordError, JournalError, RecordLocation
-from .events import BlobChunk, BlobRef, Header, Snapshot
+from .events import AttemptStarted, BlobChunk, BlobRef, Header, Snapshot
 
 BLOB_MARK = "/blob/"
+FENCE_SUFFIX = "/fence"
+
+
+def fence_key(rollout_id: str) -> str:
+    return rollout_id + FENCE_SUFFIX
 
 
 def blob_chunk_key(rollout_id: str, sha256: str, index: int) -> str:
@@ -41,11 +52,22 @@ class LoadedSnapshot:
     location: RecordLocation
 
 
+@dataclass(frozen=True)
+class Fence:
+    """A rollout's newest attempt: events of older epochs from ``seq`` on are superseded."""
+
+    epoch: int
+    attempt: int
+    seq: int
+    location: RecordLocation
+
+
 @dataclass
 class SnapshotIndex:
-    """Newest valid snapshot per rollout, and what was wrong with newer ones."""
+    """Newest valid snapshot per rollout, its fence, and what was wrong with newer ones."""
 
     snapshots: dict[str, LoadedSnapshot | None] = field(default_factory=dict)  # None: known rollout, no valid snapshot
+    fences: dict[str, Fence] = field(default_factory=dict)
     errors: list[JournalError] = field(default_factory=list)
 
 
@@ -91,16 +113,39 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
     index = SnapshotIndex()
     latest = compacted(stored, keep, lambda r: index.errors.append(CorruptRecordError(r.location, r.error)))
     chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key}
-    candidates = {key: records for key, records in latest.items() if BLOB_MARK not in key}
-    for rollout_id, records in candidates.items():
-        index.snapshots[rollout_id] = None
-        for record in reversed(records):
+    for key, records in latest.items():
+        if key.endswith(FENCE_SUFFIX):
             try:
-                index.snapshots[rollout_id] = _verified(codec, record, chunks)
-                break
+                index.fences[key[: -len(FENCE_SUFFIX)]] = _fence(codec, records[-1])
             except JournalError as exc:
                 index.errors.append(exc)
+    candidates = {key: records for key, records in latest.items() if "/" not in key}
+    for rollout_id, records in candidates.items():
+        index.snapshots[rollout_id] = None
+        fence = index.fences.get(rollout_id)
+        for record in reversed(records):
+            try:
+                loaded = _verified(codec, record, chunks)
+            except JournalError as exc:
+                index.errors.append(exc)
+                continue
+            if fence is not None and loaded.snapshot.header.epoch < fence.epoch \
+                    and record.location.offset > fence.location.offset:
+                index.errors.append(CorruptRecordError(
+                    record.location, f"snapshot of rollout {rollout_id} from epoch {loaded.snapshot.header.epoch} "
+                                     f"was written after the fence of epoch {fence.epoch}: a zombie attempt's; ignored"))
+                continue
+            index.snapshots[rollout_id] = loaded
+            break
     return index
+
+
+def _fence(codec: Codec, record: StoredRecord) -> Fence:
+    event = codec.decode(record.value, record.location)
+    if not isinstance(event, AttemptStarted):
+        raise CorruptRecordError(record.location, f"fence of {record.key} holds a {type(event).__name__}")
+    h = event.header
+    return Fence(h.epoch, h.attempt, h.seq, record.location)
 
 
 def _verified(codec: Codec, record: StoredRecord, chunks: dict[str, StoredRecord]) -> LoadedSnapshot:
@@ -121,4 +166,6 @@ def _blob_parts(codec: Codec, record: StoredRecord, snapshot: Snapshot,
         if stored is None:
             raise CorruptRecordError(record.location, f"snapshot blob {blob.sha256[:12]} lacks chunk {i}/{blob.chunks}")
         chunk = codec.decode(stored.value, stored.location)
+        if not isinstance(chunk, BlobChunk):
+            raise CorruptRecordError(stored.location, f"expected a BlobChunk, found {type(chunk).__name__}")
         yield chunk.data

@@ -27,7 +27,7 @@ from typing import Protocol
 import numpy as np
 
 from journal.events import (
-    AttemptStarted, Message, ResourceMutation, RolloutEvent, RolloutFinished, SamplingParams, TurnCompleted,
+    AttemptFenced, AttemptStarted, Message, ResourceMutation, RolloutEvent, RolloutFinished, SamplingParams, TurnCompleted,
 )
 from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
@@ -156,14 +156,18 @@ class Agent:
     def start_attempt(self, live: LiveRollout, *, resumed_from_turn: int, reason: str) -> list[RolloutEvent]:
         """The fence: attempt N+1 with a higher epoch. Resources refuse older epochs from now on."""
         state = live.state
+        previous_attempt, previous_epoch = state.attempt, state.epoch
         state.attempt += 1
         state.epoch += 1
         if not state.messages:
             state.messages = self.initial_messages(live.env)
         live.env.fence(state.spec.rollout_id, state.epoch)
-        event = AttemptStarted(state.header(turn=resumed_from_turn), resumed_from_turn,
-                               self.config.topology(), reason)
-        return [event]
+        events: list[RolloutEvent] = [AttemptStarted(state.header(turn=resumed_from_turn), resumed_from_turn,
+                                                     self.config.topology(), reason)]
+        if previous_attempt:  # the audit trail names what this attempt supersedes
+            events.append(AttemptFenced(state.header(turn=resumed_from_turn), previous_attempt, previous_epoch,
+                                        f"superseded by attempt {state.attempt}: {reason}"))
+        return events
 
     def snapshot_draft(self, live: LiveRollout, resource_states: dict[str, bytes] | None = None) -> SnapshotDraft:
         """The rollout's state as a snapshot; exportable resources export themselves

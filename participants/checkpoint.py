@@ -67,8 +67,13 @@ class CoordinatedCheckpointer:
         self.model.gate.close()
         self.agent.turn_boundary.clear()
         try:
-            await self.model.gate.drained()
-            parked = await self._park(list(rollouts), report)
+            try:  # admitted calls finish; a hung one must not hold every rollout
+                await asyncio.wait_for(self.model.gate.drained(), self.prepare_timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("model calls still in flight after %.1fs; their rollouts are skipped this round",
+                            self.prepare_timeout_s)
+            # An acknowledged rollout left the snapshot stream: a new snapshot would bring it back.
+            parked = await self._park([r for r in rollouts if not r.acknowledged.is_set()], report)
             drafts = []
             for live in parked:
                 try:

@@ -95,6 +95,13 @@ class RolloutState:
             raise StateFoldError(f"snapshot at {where} is not a rollout state: {exc}") from exc
         if doc.get("format") != SNAPSHOT_FORMAT:
             raise StateFoldError(f"snapshot at {where} has format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT!r}")
+        try:
+            return cls._from_doc(doc)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateFoldError(f"snapshot at {where} lacks or mangles field {exc}; written by another version?") from exc
+
+    @classmethod
+    def _from_doc(cls, doc: dict) -> "RolloutState":
         return cls(
             spec=RolloutSpec(**doc["spec"]), attempt=doc["attempt"], epoch=doc["epoch"],
             next_turn=doc["next_turn"], next_seq=doc["next_seq"],

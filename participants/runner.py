@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from journal.errors import ConfigurationError
+from journal.events import Header
 from journal.journal import Journal
+from journal.snapshots import SnapshotDraft
 from journal.restore import RolloutHistory, load_rollouts
 
 from .agent import Agent, JournalSink, LiveRollout, NullSink
@@ -53,6 +57,7 @@ class RolloutReport:
     restarted_from_zero: bool
     reused_result: bool  # finished before; offered again from the journal
     outcome: dict | None = None
+    acknowledged: bool = False  # the trainer took its result before this run: nothing to do
 
 
 @dataclass
@@ -68,7 +73,8 @@ class RunReport:
         return sum(r.turns_run_here for r in self.rollouts.values())
 
     def outcomes(self) -> dict[str, dict]:
-        return {rid: r.outcome for rid, r in sorted(self.rollouts.items())}
+        """Outcome per rollout this run produced or offered again (acknowledged ones are gone)."""
+        return {rid: r.outcome for rid, r in sorted(self.rollouts.items()) if not r.acknowledged}
 
 
 ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that turn is durable
@@ -103,21 +109,28 @@ class Runner:
         report = RunReport()
         started = time.perf_counter()
         histories: dict[str, RolloutHistory] = {}
+        registered = False
         if self.journal is not None:
             plan = load_rollouts(self.journal)
             histories = plan.rollouts
             report.restore_seconds, report.events_replayed = plan.seconds, plan.events_replayed
             report.read_errors = [str(e) for e in plan.report.errors]
+            registered = self._marker_id in histories
             ours = {s.rollout_id for s in workload_specs(self.config)}
-            if not resume and ours & set(histories):
-                from journal.errors import ConfigurationError
+            if not resume and (registered or ours & set(histories)):
                 raise ConfigurationError(
-                    f"journal {self.config.journal} already holds rollouts of workload {self.config.name!r}; "
-                    "use `rollout-journal resume` to continue them, or point --journal at a fresh location"
+                    f"journal {self.config.journal} already holds workload {self.config.name!r}; "
+                    "use `rollout-journal resume` to continue it, or point --journal at a fresh location"
                 )
         first_commits = []
         for spec in workload_specs(self.config):
-            live, rollout_report, commit = self._prepare(spec, histories.get(spec.rollout_id))
+            history = histories.get(spec.rollout_id)
+            if history is None and registered:
+                # Registered, yet gone from the snapshot stream: the trainer acknowledged it.
+                report.rollouts[spec.rollout_id] = RolloutReport(spec.rollout_id, 0, 0, 0, False, False,
+                                                                 acknowledged=True)
+                continue
+            live, rollout_report, commit = self._prepare(spec, history)
             report.rollouts[spec.rollout_id] = rollout_report
             if live is not None:
                 self.live[spec.rollout_id] = live
@@ -125,6 +138,8 @@ class Runner:
             if commit is not None:
                 first_commits.append(commit)
         await asyncio.gather(*first_commits)
+        if self.journal is not None and self.config.journaling and not registered:
+            await self._register_workload()
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def drive(live: LiveRollout) -> None:
@@ -141,13 +156,9 @@ class Runner:
                 await asyncio.sleep(self.config.coordinated_every_s)
                 await self.checkpointer.checkpoint(self.live.values())
 
-        periodic = asyncio.create_task(checkpoints()) if self.checkpointer else None
         try:
-            await asyncio.gather(*(drive(live) for live in self.live.values()))
+            await self._drive_all(drive, checkpoints)
         finally:
-            if periodic is not None:
-                periodic.cancel()
-                await asyncio.gather(periodic, return_exceptions=True)
             for live in self.live.values():
                 live.env.close()
         for rid, live in self.live.items():
@@ -158,6 +169,38 @@ class Runner:
             self.journal.flush()
         report.run_seconds = time.perf_counter() - started
         return report
+
+    async def _drive_all(self, drive, checkpoints) -> None:
+        """Drive every live rollout (and periodic checkpoints) until all are done. The first
+        failure cancels the rest and is raised as itself; the others are logged."""
+        try:
+            async with asyncio.TaskGroup() as group:
+                drives = [group.create_task(drive(live)) for live in self.live.values()]
+                if self.checkpointer is not None:
+                    periodic = group.create_task(checkpoints())
+
+                    async def stop_checkpoints() -> None:
+                        await asyncio.gather(*drives)
+                        periodic.cancel()
+
+                    group.create_task(stop_checkpoints())
+        except BaseExceptionGroup as failures:
+            first, *others = failures.exceptions
+            for other in others:
+                log.error("rollout task also failed: %r", other)
+            raise first from None
+
+    @property
+    def _marker_id(self) -> str:
+        return f"workload:{self.config.name}"
+
+    async def _register_workload(self) -> None:
+        """Record that every rollout of the workload has been registered in the snapshot
+        stream. From then on a rollout missing from it was acknowledged, not unstarted."""
+        ids = [spec.rollout_id for spec in workload_specs(self.config)]
+        header = Header(self._marker_id, self._marker_id, 0, 0, 0, 0, Header.now_ms(), self.config.writer)
+        draft = SnapshotDraft(header, "registered", -1, json.dumps({"rollouts": ids}).encode())
+        await asyncio.wrap_future(self.journal.append([], draft))
 
     def _prepare(self, spec: RolloutSpec, history: RolloutHistory | None):
         """The live rollout to drive (None if finished), its report entry, and its first commit."""
@@ -171,6 +214,7 @@ class Runner:
         folded = fold(spec, history)
         state = folded.state
         state.writer = self.config.writer
+        state.epoch, state.attempt = max(state.epoch, history.epoch), max(state.attempt, history.attempt)
         committed = state.next_turn
         self.states[spec.rollout_id] = state
         if state.finished:
@@ -183,7 +227,12 @@ class Runner:
             reason = f"restart from turn 0: environment {spec.environment!r} is restart_only"
         else:
             for resource_id, exported in state.resource_states.items():
-                env.resources[resource_id].import_state(exported)
+                resource = env.resources.get(resource_id)
+                if resource is None:
+                    raise ConfigurationError(
+                        f"rollout {spec.rollout_id}: its snapshot holds resource {resource_id!r}, which environment "
+                        f"{spec.environment!r} does not have; was the workload's environment changed?")
+                resource.import_state(exported)
             env.replay(folded.mutations)
             reason = f"resume after crash at turn {state.next_turn}"
         live = LiveRollout(state, env)

@@ -20,6 +20,7 @@ from journal.events import (
     AttemptStarted, Header, Message, ModelCall, RolloutFinished, SamplingParams, TurnCompleted,
 )
 from journal.journal import Cursor, Journal, ReadReport
+from journal.restore import load_rollouts
 from journal.snapshots import SnapshotDraft
 
 OpenBackend = Callable[[], Backend]
@@ -157,6 +158,38 @@ class JournalConformance:
         journal.append_sync([started("r1", 0, attempt=2, epoch=2)])
         with pytest.raises(FencedWriteError, match="r1"):
             journal.append([turn_done("r1", 1, epoch=1)])
+        with pytest.raises(FencedWriteError, match="r1"):
+            journal.append([], SnapshotDraft(header("r1", 1, epoch=1), "running", 1, b"zombie"))
+
+    def test_a_zombie_snapshot_written_after_the_fence_is_ignored_by_restore(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0), turn_done("r1", 1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"a1"))
+        journal.append_sync([started("r1", 2, attempt=2, epoch=2, turn=1)])
+        zombie = Journal(journal.backend)  # attempt 1, in a process that never saw the fence
+        zombie.append_sync([turn_done("r1", 2, turn=2)], SnapshotDraft(header("r1", 2, turn=2), "running", 2, b"zombie"))
+        plan = load_rollouts(journal)
+        history = plan.rollouts["r1"]
+        assert history.snapshot.state == b"a1"
+        assert history.epoch == 2 and history.attempt == 2
+        assert [e.event.header.seq for e in history.events] == [2]
+        assert any("zombie" in str(e) for e in plan.report.errors)
+
+    def test_a_zombie_event_ahead_of_the_fence_in_log_order_is_dropped_by_restore(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0), turn_done("r1", 1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"a1"))
+        zombie = Journal(journal.backend)
+        # The zombie's turn commits after attempt 2 folded the journal (through seq 1), but lands before its fence.
+        zombie.append_sync([turn_done("r1", 2, turn=2)])
+        journal.append_sync([started("r1", 2, attempt=2, epoch=2, turn=2)])
+        journal.append_sync([turn_done("r1", 3, turn=2, epoch=2, attempt=2)])
+        plan = load_rollouts(journal)
+        events = plan.rollouts["r1"].events
+        assert [(e.event.header.seq, e.event.header.epoch) for e in events] == [(2, 2), (3, 2)]
+        assert [d.epoch for d in plan.report.fenced] == [1]
+
+    def test_a_cancelled_wait_does_not_stop_the_committer(self, journal: Journal) -> None:
+        future = journal.append([started("r1", 0)])
+        future.cancel()
+        journal.append_sync([turn_done("r1", 1)])
+        assert [e.event.header.seq for e in journal.read_rollout("r1")][-1] == 1
 
     def test_a_corrupt_record_is_named_and_its_neighbours_still_read(self, journal: Journal) -> None:
         journal.append_sync([started("r1", 0)])

@@ -113,6 +113,10 @@ def test_a_finished_sibling_waiting_for_its_acknowledgement_does_not_deadlock_pr
                 assert not run.done(), "the group is held until the trainer acknowledges it"
                 await runner.acknowledge(list(runner.live))
                 await asyncio.wait_for(run, 10)
-            assert not journal.snapshots().snapshots, "acknowledged rollouts leave the snapshot stream"
+                await runner.checkpointer.checkpoint(runner.live.values())  # must not bring them back
+            # acknowledged rollouts leave the snapshot stream; the workload's registration stays
+            assert set(journal.snapshots().snapshots) == {"workload:ack"}
 
     asyncio.run(scenario())
+    again = run_workload(config, resume=True)  # a resume after the trainer took everything
+    assert all(row.acknowledged and row.turns_run_here == 0 for row in again.rollouts.values())

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from journal.backend import OutRecord, Stream
 from journal.errors import CorruptRecordError, WriterLockedError
 from journal.file_backend import FileBackend
 from journal.journal import Journal, ReadReport
@@ -112,19 +113,52 @@ def test_snapshot_bytes_without_a_commit_marker_are_cut_on_open(tmp_path: Path) 
         assert j.snapshots().snapshots["r1"].state == b"committed"
 
 
-def test_a_compaction_interrupted_before_the_next_commit_is_complete(tmp_path: Path) -> None:
+def test_a_compaction_the_log_never_committed_is_discarded(tmp_path: Path) -> None:
     root = tmp_path / "j"
-    backend = FileBackend(root)
-    with Journal(backend) as j:
+    with Journal(FileBackend(root)) as j:
         for v in range(3):
             j.append_sync([turn_done("r1", v, turn=v)], SnapshotDraft(header("r1", v, turn=v), "running", v, b"v%d" % v))
-        backend.compact_snapshots()  # and the process dies before any commit names generation 1
-    assert [p.name for p in sorted((root / "snapshots").glob("*.snap"))] == ["0000000001.snap"]
+    # the process died after renaming a compacted generation into place, before its commit marker
+    (root / "snapshots" / "0000000001.snap").write_bytes(b"RJ\x02 half a compaction")
     with Journal(FileBackend(root)) as j:
+        assert [p.name for p in sorted((root / "snapshots").glob("*.snap"))] == ["0000000000.snap"]
         assert j.snapshots().snapshots["r1"].state == b"v2"
+        j.backend.compact_snapshots()  # a committed compaction switches generations
         j.append_sync([turn_done("r1", 3, turn=3)], SnapshotDraft(header("r1", 3, turn=3), "running", 3, b"v3"))
+    assert [p.name for p in sorted((root / "snapshots").glob("*.snap"))] == ["0000000001.snap"]
     with Journal(FileBackend(root, read_only=True)) as j:
         assert j.snapshots().snapshots["r1"].state == b"v3"
+
+
+def test_a_batch_whose_commit_reached_the_disk_before_its_records_is_cut(tmp_path: Path) -> None:
+    root = tmp_path / "j"
+    with Journal(FileBackend(root)) as j:
+        j.append_sync([started("r1", 0)])
+        torn = j.append_sync([model_call("r1", 1), turn_done("r1", 2)])
+    segment = _segment(root)
+    data = bytearray(segment.read_bytes())
+    first = torn.locations[0].offset
+    data[first:first + 64] = bytes(64)  # a power loss: the page with the batch's first record never landed
+    segment.write_bytes(bytes(data))
+    with Journal(FileBackend(root, read_only=True)) as j:  # a reader before the writer reopens: withheld
+        report = ReadReport()
+        assert [e.event.header.seq for e in j.read_rollout("r1", report=report)] == [0]
+    with Journal(FileBackend(root)) as j:  # the writer cuts it
+        assert segment.stat().st_size == first
+        assert [e.event.header.seq for e in j.read_rollout("r1")] == [0]
+
+
+def test_compaction_keeps_the_order_so_a_corrupt_newest_snapshot_falls_back(tmp_path: Path) -> None:
+    root = tmp_path / "j"
+    with Journal(FileBackend(root)) as j:
+        for v in range(4):
+            for r in ("a", "b"):
+                j.append_sync([turn_done(r, v, turn=v)], SnapshotDraft(header(r, v, turn=v), "running", v, f"{r}{v}".encode()))
+        j.backend.compact_snapshots()
+        j.backend.commit([OutRecord(Stream.SNAPSHOTS, "a", b"\xc3\x01garbage", "a")])
+        index = j.snapshots()
+        assert index.snapshots["a"].state == b"a3" and index.snapshots["b"].state == b"b3"
+        assert len(index.errors) == 1
 
 
 def test_reading_snapshots_does_not_scan_the_event_history(tmp_path: Path) -> None:
