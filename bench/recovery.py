@@ -118,7 +118,7 @@ def synthesize(root: Path, active: int, turns: int, snapshot_every: int, finishe
         for f in futures:
             f.result()
 
-    with Journal(FileBackend(root, fsync=False), linger_ms=5, max_batch_records=20000) as journal:
+    with Journal(FileBackend(root, fsync=False), linger_ms=5) as journal:
         for first in range(0, finished_before, 1000):  # past cohorts, one after another
             cohort(journal, [f"past-{i}" for i in range(first, min(finished_before, first + 1000))], True)
         cohort(journal, [f"live-{i}" for i in range(active)], False)

@@ -130,6 +130,37 @@ def from_avro_dict(cls: type, data: dict[str, Any]) -> Any:
     return _DECODERS[cls](data)
 
 
+def _read_long(data: bytes, pos: int) -> tuple[int, int]:
+    """One Avro zig-zag varint at ``pos``: (value, position after it)."""
+    byte = data[pos]
+    value, shift, pos = byte & 0x7F, 7, pos + 1
+    while byte & 0x80:
+        byte = data[pos]
+        value |= (byte & 0x7F) << shift
+        shift, pos = shift + 7, pos + 1
+    return (value >> 1) ^ -(value & 1), pos
+
+
+def peek_seq(data: bytes) -> int:
+    """The ``header.seq`` of an encoded rollout event, without decoding the rest.
+
+    Every event schema (every kept version) starts with the frozen Header type:
+    rollout_id, group_id (strings), attempt (int), epoch (long), turn (int), seq
+    (long). Restore uses this to step over events a snapshot already covers.
+    Raises IndexError/ValueError on garbage: decode the record to learn why.
+    """
+    pos = PREFIX_LEN
+    for _ in range(2):  # rollout_id, group_id
+        length, pos = _read_long(data, pos)
+        pos += length
+    for _ in range(3):  # attempt, epoch, turn
+        _, pos = _read_long(data, pos)
+    seq, pos = _read_long(data, pos)
+    if pos > len(data):
+        raise ValueError("record shorter than its header")
+    return seq
+
+
 class Codec:
     """Encodes records with their current schema; decodes any kept version."""
 

@@ -148,13 +148,14 @@ def _resync(data: bytes, pos: int, base: int) -> int:
         pos += 1
 
 
-def _frames(data: bytes, base: int, start: int = 0) -> Iterator[_Frame]:
+def _frames(data: bytes, base: int, start: int = 0, *, aligned: bool = True) -> Iterator[_Frame]:
     """Every frame of ``data`` from ``start``; a bad frame is reported, then reading
-    resynchronises on the next valid frame. A ``start`` inside a frame (any offset may
-    be asked for, as with Kafka) begins at the next frame; a truncated last frame
-    with nothing valid after it is a torn tail, not an error."""
+    resynchronises on the next valid frame. Unless ``aligned``, ``start`` may lie
+    inside a frame (any offset may be asked for, as with Kafka): reading begins at the
+    next frame. A truncated last frame with nothing valid after it is a torn tail,
+    not an error."""
     pos, size = start, len(data)
-    if 0 < pos < size and _parse(data, pos, base).error is not None:
+    if not aligned and pos < size and _parse(data, pos, base).error is not None:
         pos = _resync(data, pos, base)
     while pos < size:
         frame = _parse(data, pos, base)
@@ -172,7 +173,7 @@ def _frames(data: bytes, base: int, start: int = 0) -> Iterator[_Frame]:
 def _batch_intact(data: bytes, base: int, commit: _Frame, mark: CommitMark) -> bool:
     """Whether the batch a COMMIT frame closes is on disk whole (its CRC matches)."""
     if mark.batch_start < base:
-        return True  # the batch began in an earlier segment (never: segments roll after a commit)
+        return True  # the batch began before the bytes we read: only a log's last batch can be torn
     return zlib.crc32(data[mark.batch_start - base:commit.position - base]) == mark.batch_crc
 
 
@@ -456,8 +457,12 @@ class FileBackend(Backend):
         for i, (base, path) in enumerate(segments):
             if i + 1 < len(segments) and segments[i + 1][0] <= from_offset:
                 continue
-            data = path.read_bytes()  # segments are bounded (segment_bytes): one read beats many
-            frames = _frames(data, base, max(0, from_offset - base))
+            skip = max(0, from_offset - base)  # read from the offset, not the segment's start
+            with open(path, "rb") as f:
+                f.seek(skip)
+                data = f.read()  # bounded by segment_bytes: one read beats many small ones
+            base += skip
+            frames = _frames(data, base, aligned=skip == 0)
             for frame in frames:
                 if frame.error is not None:
                     yield path, frame

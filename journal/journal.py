@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
-from .codec import Codec
+from .codec import Codec, peek_seq
 from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
 from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent, Snapshot
 from .fencing import EpochFence, FencedEventDropped
@@ -218,6 +218,12 @@ class Journal:
                     continue  # another rollout sharing the partition
                 if cursor is not None and stored.location.offset < cursor.offset:
                     continue
+                if cursor is not None and cursor.after_seq >= 0 and stored.error is None:
+                    try:
+                        if peek_seq(stored.value) <= cursor.after_seq:
+                            continue  # covered by the snapshot: skip without decoding
+                    except (IndexError, ValueError):
+                        pass  # let the full decode name what is wrong
                 event = self._decode(stored, report)
                 if event is None or event.header.rollout_id not in wanted:
                     continue

@@ -10,6 +10,7 @@ fail with ``status`` (fault injection for tests and drills).
 
 from __future__ import annotations
 
+import http.client
 import threading
 from collections.abc import Callable
 import urllib.error
@@ -116,8 +117,8 @@ class HttpStateExporter:
         except urllib.error.HTTPError as exc:
             error = TransientControlError if exc.code >= 500 else ControlError
             raise error(f"export of {resource.resource_id} from {self.base_url}: HTTP {exc.code}") from exc
-        except (urllib.error.URLError, ConnectionError, TimeoutError) as exc:
-            raise TransientControlError(f"export of {resource.resource_id} from {self.base_url}: {exc}") from exc
+        except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:  # resets, timeouts, short reads
+            raise TransientControlError(f"export of {resource.resource_id} from {self.base_url}: {exc!r}") from exc
 
 
 class InProcessExporter:

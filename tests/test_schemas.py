@@ -61,3 +61,11 @@ def test_packed_arrays_decode_as_views_without_copies() -> None:
     call: ModelCall = codec.decode(codec.encode(SAMPLES["ModelCall"]), WHERE)
     assert call.prompt_delta.dtype == np.dtype("<i4") and not call.prompt_delta.flags.writeable
     assert call.prompt_delta.base is not None
+
+
+@pytest.mark.parametrize(("name", "version"), [c for c in CASES if c[0] not in ("Snapshot", "BlobChunk")],
+                         ids=[f"{n}.v{v.version}" for n, v in CASES if n not in ("Snapshot", "BlobChunk")])
+def test_the_header_seq_is_read_without_decoding_every_kept_event_version(name: str, version) -> None:
+    from journal.codec import peek_seq
+    data = Codec().encode_with(SAMPLES[name], version)
+    assert peek_seq(data) == SAMPLES[name].header.seq

@@ -1,0 +1,42 @@
+"""Run every benchmark and print one JSON report (``make bench``).
+
+    python bench/run_all.py [--quick]
+
+Each benchmark measures its baseline in the same run and reports ratios;
+absolute figures do not compare across machines or runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def run(script: str, *args: str) -> dict:
+    print(f"running bench/{script} {' '.join(args)}", file=sys.stderr, flush=True)
+    done = subprocess.run([sys.executable, str(HERE / script), "--json", *args], stdout=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"bench/{script} failed with exit code {done.returncode}")
+    return json.loads(done.stdout)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller sizes, fewer rounds")
+    args = parser.parse_args()
+    throughput_args = ["--rounds", "3", "--rollouts", "100"] if args.quick else ["--rounds", "7", "--rollouts", "300"]
+    report = {
+        "journal_throughput": run("journal_throughput.py", *throughput_args),
+        "recovery": run("recovery.py", *(["--quick"] if args.quick else [])),
+    }
+    print(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
