@@ -403,7 +403,7 @@ class FileBackend(Backend):
         file.write(data)
         file.flush()
         if self.fsync:
-            os.fsync(file.fileno())
+            os.fdatasync(file.fileno())  # data and the size that reaches it; no inode times
 
     def _append_commit(self, batch: bytes, mark: CommitMark) -> None:
         data = batch + encode_frame(COMMIT, "", mark.encode())

@@ -112,6 +112,7 @@ class LiveRollout:
     turns_run_here: int = 0  # turns this process executed (work accounting)
     tokens_run_here: int = 0
     at_boundary: asyncio.Event = field(default_factory=asyncio.Event)  # set between turns: safe to checkpoint
+    exports: dict[str, tuple[tuple[int, int], bytes]] = field(default_factory=dict)  # resource -> (version, bytes)
     pending: asyncio.Future | None = None  # the previous turn's commit, still in flight
     pending_turn: int = -1
     acknowledged: asyncio.Event = field(default_factory=asyncio.Event)  # the trainer took its result
@@ -174,10 +175,20 @@ class Agent:
         unless ``resource_states`` (exported by a coordinated checkpoint) is given."""
         state = live.state
         if resource_states is None:
-            resource_states = {rid: r.export_state() for rid, r in live.env.resources.items() if r.supports_export}
+            resource_states = {rid: self._export(live, r) for rid, r in live.env.resources.items() if r.supports_export}
         state.resource_states = resource_states
         header = state.snapshot_header()
         return SnapshotDraft(header, "finished" if state.finished else "running", header.seq, state.to_bytes())
+
+    @staticmethod
+    def _export(live: LiveRollout, resource: Resource) -> bytes:
+        """A resource's exported state, reused while its revision and fence stand still
+        (most turns touch one resource, and every snapshot exports them all)."""
+        version = (resource.revision, resource.fenced_epoch(live.state.spec.rollout_id))
+        cached = live.exports.get(resource.resource_id)
+        if cached is None or cached[0] != version:
+            cached = live.exports[resource.resource_id] = (version, resource.export_state())
+        return cached[1]
 
     async def run_turn(self, live: LiveRollout) -> None:
         while not self.turn_boundary.is_set():  # re-check: a checkpoint may close it again before we run
