@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import median, percentile, turn_events  # noqa: E402
-from journal.events import AttemptStarted, Header, RolloutAcknowledged  # noqa: E402
+from journal.events import AttemptStarted, Header  # noqa: E402
 from journal.file_backend import FileBackend  # noqa: E402
 from journal.journal import Journal  # noqa: E402
 from journal.open import open_journal  # noqa: E402

@@ -95,11 +95,6 @@ for _cls in sorted(_PLANS, key=lambda c: c not in set(NESTED_TYPES.values())):  
     _ENCODERS[_cls] = _namespace[f"_encode_{_cls.__name__}"]
 
 
-def to_avro_dict(obj: Any) -> dict[str, Any]:
-    """A record dataclass as the dict fastavro writes; arrays become packed bytes."""
-    return _ENCODERS[type(obj)](obj)
-
-
 def _decoder_source(cls: type) -> str:
     """Source of the inverse of the encoder: dict from fastavro -> ``cls``; packed
     arrays become read-only views over the record's bytes (no copy)."""
@@ -123,11 +118,6 @@ _namespace.update({"_frombuffer": np.frombuffer}, **{f"_{c.__name__}": c for c i
 for _cls in sorted(_PLANS, key=lambda c: c not in set(NESTED_TYPES.values())):
     exec(_decoder_source(_cls), _namespace)  # noqa: S102 - source built above from our own field names
     _DECODERS[_cls] = _namespace[f"_decode_{_cls.__name__}"]
-
-
-def from_avro_dict(cls: type, data: dict[str, Any]) -> Any:
-    """The inverse of :func:`to_avro_dict`."""
-    return _DECODERS[cls](data)
 
 
 def _read_long(data: bytes, pos: int) -> tuple[int, int]:

@@ -14,10 +14,6 @@ from typing import ClassVar, Union
 
 import numpy as np
 
-EMPTY_I32 = np.zeros(0, dtype="<i4")
-EMPTY_F32 = np.zeros(0, dtype="<f4")
-
-
 @dataclass(frozen=True)
 class Header:
     rollout_id: str

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
 from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
-from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent, Snapshot
+from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
 from .snapshots import SnapshotDraft, SnapshotIndex, blob_tombstones, fence_key, load_snapshots, snapshot_records

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .events import AttemptStarted, RolloutAcknowledged, RolloutFinished
+from .events import AttemptStarted
 from .journal import Cursor, Journal, JournaledEvent, ReadReport
 from .snapshots import Fence, LoadedSnapshot
 
@@ -40,16 +40,6 @@ class RolloutHistory:
         attempts = [e.event.header.attempt for e in self.events if isinstance(e.event, AttemptStarted)]
         base = self.snapshot.snapshot.header.attempt if self.snapshot else 0
         return max([base, self.fence.attempt if self.fence else 0, *attempts])
-
-    @property
-    def finished(self) -> bool:
-        if self.snapshot is not None and self.snapshot.snapshot.status == "finished":
-            return True
-        return any(isinstance(e.event, RolloutFinished) for e in self.events)
-
-    @property
-    def acknowledged(self) -> bool:
-        return any(isinstance(e.event, RolloutAcknowledged) for e in self.events)
 
 
 @dataclass

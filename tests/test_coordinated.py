@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
 
 from journal.open import open_journal
 from participants.config import WorkloadConfig
