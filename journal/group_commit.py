@@ -1,11 +1,21 @@
 """Group commit: turns of many rollouts share one backend commit.
 
-Callers enqueue a batch and get a ``Future`` that resolves once the batch is
-durable. One committer thread (the only thread the journal owns: librdkafka
-and fsync calls block) drains the queue every ``linger_ms`` or when a batch
-is full, and commits everything it drained at once. An abortable failure
-redoes the same batch; a fatal one fails every pending future and closes the
-committer, because the next attempt must take over.
+Callers enqueue a batch and get a ``CommitFuture`` that resolves once the
+batch is durable. One committer thread (the only thread the journal owns:
+librdkafka and durable writes block) commits everything queued at once when a
+batch is due:
+
+- as soon as somebody waits for a queued append (``result()``, or a callback
+  such as ``asyncio.wrap_future`` adds): nobody is kept waiting for company;
+- ``linger_ms`` after the oldest queued append at the latest;
+- or when ``max_batch_appends`` are queued.
+
+Commits are thus driven by demand, not by a clock: an agent that appends turn
+t+1 before it waits for turn t gets both in one commit, and the committer
+thread wakes (and takes the GIL from the model's thread) once per commit,
+not once per append. An abortable failure redoes the same batch; a fatal one
+fails every pending future and closes the committer, because the next attempt
+must take over.
 """
 
 from __future__ import annotations
@@ -16,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from .backend import Backend, OutRecord, Stream
 from .errors import AbortableCommitError, FatalJournalError, JournalClosedError, RecordLocation
@@ -33,11 +43,35 @@ class AppendReceipt:
     batch_appends: int  # how many appends shared that commit
 
 
+class CommitFuture(Future):
+    """A ``Future`` whose waiters make its commit due now (see the module docstring)."""
+
+    def __init__(self, make_due: Callable[[], None]) -> None:
+        super().__init__()
+        self._make_due = make_due
+
+    def result(self, timeout: float | None = None) -> AppendReceipt:
+        if not self.done():
+            self._make_due()
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.done():
+            self._make_due()
+        return super().exception(timeout)
+
+    def add_done_callback(self, fn: Callable[[Future], object]) -> None:
+        if not self.done():
+            self._make_due()
+        super().add_done_callback(fn)
+
+
 @dataclass
 class PendingAppend:
     # Built in the committer thread, so it can see the backend's state at commit time.
     build: Callable[[], Sequence[OutRecord]]
-    future: Future = field(default_factory=Future)
+    future: CommitFuture
+
 
 
 class GroupCommitter:
@@ -55,50 +89,65 @@ class GroupCommitter:
         self._max_appends = max_batch_appends
         self._max_attempts = max_commit_attempts
         self._on_committed = on_committed
-        self._queue: queue.Queue[PendingAppend | None] = queue.Queue()
+        self._queue: queue.SimpleQueue[PendingAppend | None] = queue.SimpleQueue()  # C-level put: cheap on the hot path
+        self._due = threading.Event()  # somebody waits: commit what is queued without lingering
         self._failure: BaseException | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="journal-committer", daemon=True)
         self._thread.start()
 
-    def submit(self, build: Callable[[], Sequence[OutRecord]]) -> Future:
+    def submit(self, build: Callable[[], Sequence[OutRecord]]) -> CommitFuture:
         if self._failure is not None:
             raise JournalClosedError(f"journal stopped after a fatal error: {self._failure}") from self._failure
         if self._closed:
             raise JournalClosedError("journal is closed")
-        pending = PendingAppend(build)
+        pending = PendingAppend(build, CommitFuture(self._make_due))
         self._queue.put(pending)
         return pending.future
+
+    def _make_due(self) -> None:
+        """Somebody waits for a queued append: end the current linger now. Called again
+        after its append was committed, it only makes the next batch skip its linger."""
+        self._due.set()
 
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._queue.put(None)
+            self._due.set()
             self._thread.join()
 
-    def _drain(self, first: PendingAppend) -> tuple[list[PendingAppend], bool]:
-        batch, stop = [first], False
-        deadline = time.monotonic() + self._linger_s
-        while len(batch) < self._max_appends:
-            timeout = deadline - time.monotonic()
-            try:
-                item = self._queue.get(timeout=timeout) if timeout > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
+    def _next_batch(self) -> tuple[list[PendingAppend], bool]:
+        """Wait for an append, linger until the batch is due, then take what is queued.
+
+        The linger sleeps on an event rather than on the queue, so appends arriving
+        meanwhile do not wake this thread one by one (each wake takes the GIL from the
+        thread that runs the model)."""
+        first = self._queue.get()
+        if first is not None and not self._due.is_set():
+            self._due.wait(self._linger_s)
+        self._due.clear()
+        batch: list[PendingAppend] = []
+        item, stop = first, False
+        while True:
             if item is None:
                 stop = True
                 break
             batch.append(item)
+            if len(batch) >= self._max_appends:
+                break
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
         return batch, stop
 
     def _run(self) -> None:
         try:
             while True:
-                first = self._queue.get()
-                if first is None:
-                    return
-                batch, stop = self._drain(first)
-                self._commit(batch)
+                batch, stop = self._next_batch()
+                if batch:
+                    self._commit(batch)
                 if stop:
                     return
         except BaseException as exc:  # a bug here must not leave callers waiting forever

@@ -7,6 +7,7 @@ backend over the same storage each time it is called (to test reopening).
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import threading
 from collections.abc import Callable
@@ -81,6 +82,21 @@ class JournalConformance:
         assert max(r.batch_appends for r in receipts) > 1, "no two appends shared a commit"
         for r in rollouts:
             assert [e.event.header.seq for e in journal.read_rollout(r)] == [0, 1]
+
+    def test_a_waiter_makes_its_commit_due_without_waiting_out_the_linger(self, open_backend: OpenBackend) -> None:
+        # A ten-minute linger: only a waiter (or close) can make these batches due.
+        with Journal(open_backend(), linger_ms=600_000) as journal:
+            first = journal.append([started("r1", 0)])
+            receipt = journal.append([turn_done("r1", 1)]).result(timeout=60)
+            assert first.done() and receipt.batch_appends == 2  # both went in the commit the waiter asked for
+
+            async def wait_in_asyncio() -> None:
+                await asyncio.wrap_future(journal.append([started("r2", 0)]))
+
+            asyncio.run(asyncio.wait_for(wait_in_asyncio(), 60))
+            journal.append([turn_done("r2", 1)])  # nobody waits: close commits it
+        with Journal(open_backend()) as reopened:
+            assert [e.event.header.seq for e in reopened.read_rollout("r2")] == [0, 1]
 
     def test_read_from_a_cursor_skips_what_it_covers(self, journal: Journal) -> None:
         first = journal.append_sync([started("r1", 0), model_call("r1", 1)])
