@@ -22,6 +22,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Protocol
 
 import numpy as np
@@ -46,34 +47,44 @@ SYSTEM_PROMPT = "You are an assistant that acts only through tool calls. Reply w
 class TurnSink(Protocol):
     """Where a finished turn goes: the journal, or nowhere (overhead baseline)."""
 
-    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> asyncio.Future:
+    journals: bool  # turns are made durable: snapshots are worth building
+
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> Future:
         """Start making the turn durable; the future resolves once it is."""
         ...
 
-    async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None: ...
-
 
 class JournalSink:
+    journals = True
+
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
 
-    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> asyncio.Future:
-        return asyncio.wrap_future(self.journal.append(events, snapshot))
-
-    async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None:
-        await self.submit(events, snapshot)
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> Future:
+        return self.journal.append(events, snapshot)
 
 
 class NullSink:
-    """Journaling off: the same rollout work with nothing made durable."""
+    """Journaling off: the same rollout work with nothing made durable and no snapshots built."""
 
-    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> asyncio.Future:
-        done = asyncio.get_running_loop().create_future()
+    journals = False
+
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> Future:
+        done: Future = Future()
         done.set_result(None)
         return done
 
-    async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> None:
-        await asyncio.sleep(0)
+
+async def durable(future: Future) -> object:
+    """The result of a journal future, awaited without blocking the event loop.
+
+    A turn's commit is usually done long before the agent asks (a commit takes about
+    a millisecond, the next turn's generation much longer): then the result is read
+    at once, and the committer thread never has to wake the event loop for it.
+    """
+    if not future.done():
+        await asyncio.wrap_future(future)
+    return future.result()
 
 
 def turn_seed(workload_seed: int, rollout_id: str, turn: int) -> int:
@@ -113,7 +124,7 @@ class LiveRollout:
     tokens_run_here: int = 0
     at_boundary: asyncio.Event = field(default_factory=asyncio.Event)  # set between turns: safe to checkpoint
     exports: dict[str, tuple[tuple[int, int], bytes]] = field(default_factory=dict)  # resource -> (version, bytes)
-    pending: asyncio.Future | None = None  # the previous turn's commit, still in flight
+    pending: Future | None = None  # the previous turn's commit, still in flight
     pending_turn: int = -1
     acknowledged: asyncio.Event = field(default_factory=asyncio.Event)  # the trainer took its result
 
@@ -169,6 +180,15 @@ class Agent:
             events.append(AttemptFenced(state.header(turn=resumed_from_turn), previous_attempt, previous_epoch,
                                         f"superseded by attempt {state.attempt}: {reason}"))
         return events
+
+    async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None = None) -> None:
+        """Make events (and a snapshot) durable now, outside the turn pipeline."""
+        await durable(self.sink.submit(events, snapshot))
+
+    async def begin(self, live: LiveRollout, events: list[RolloutEvent]) -> None:
+        """Commit a new rollout's fence with its first snapshot, which registers the
+        rollout in the compacted stream: restore finds it there."""
+        await self.commit(events, self.snapshot_draft(live) if self.sink.journals else None)
 
     def snapshot_draft(self, live: LiveRollout, resource_states: dict[str, bytes] | None = None) -> SnapshotDraft:
         """The rollout's state as a snapshot; exportable resources export themselves
@@ -240,16 +260,16 @@ class Agent:
         periodic = self.config.checkpoint_mode == "snapshot" and (
             live.turns_since_snapshot >= self.config.snapshot_every_turns
             or live.bytes_since_snapshot >= self.config.snapshot_max_bytes)
-        if last or periodic:
+        if self.sink.journals and (last or periodic):
             snapshot = self.snapshot_draft(live)
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
         previous = (live.pending, live.pending_turn)
         live.pending, live.pending_turn = self.sink.submit(events, snapshot), turn
         await self._durable(live, *previous)  # at most two turns in flight: t+1 appended, t committing
 
-    async def _durable(self, live: LiveRollout, pending: asyncio.Future | None, turn: int) -> None:
+    async def _durable(self, live: LiveRollout, pending: Future | None, turn: int) -> None:
         if pending is not None:
-            await pending
+            await durable(pending)
             self.on_durable(live.state.spec.rollout_id, turn)
 
     async def settle(self, live: LiveRollout) -> None:

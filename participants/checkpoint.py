@@ -29,7 +29,7 @@ from typing import Protocol
 
 from journal.journal import Journal
 
-from .agent import Agent, LiveRollout
+from .agent import Agent, LiveRollout, durable
 from .model import ModelParticipant
 from .resource_server import ControlError, TransientControlError
 from .resources import Resource
@@ -86,7 +86,7 @@ class CoordinatedCheckpointer:
                 report.included.append(live.state.spec.rollout_id)
             futures = [self.journal.append([], draft) for draft in drafts]
             for future in futures:
-                await asyncio.wrap_future(future)
+                await durable(future)
         finally:
             self.agent.turn_boundary.set()
             self.model.gate.open()

@@ -24,7 +24,7 @@ from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
 from journal.restore import RolloutHistory, load_rollouts
 
-from .agent import Agent, JournalSink, LiveRollout, NullSink
+from .agent import Agent, JournalSink, LiveRollout, NullSink, durable
 from .checkpoint import CoordinatedCheckpointer, StateExporter
 from .resource_server import InProcessExporter
 from .config import WorkloadConfig
@@ -200,7 +200,7 @@ class Runner:
         ids = [spec.rollout_id for spec in workload_specs(self.config)]
         header = Header(self._marker_id, self._marker_id, 0, 0, 0, 0, Header.now_ms(), self.config.writer)
         draft = SnapshotDraft(header, "registered", -1, json.dumps({"rollouts": ids}).encode())
-        await asyncio.wrap_future(self.journal.append([], draft))
+        await durable(self.journal.append([], draft))
 
     def _prepare(self, spec: RolloutSpec, history: RolloutHistory | None):
         """The live rollout to drive (None if finished), its report entry, and its first commit."""
@@ -208,8 +208,7 @@ class Runner:
             live = LiveRollout(RolloutState(spec, writer=self.config.writer),
                                make_environment(spec.environment, spec.rollout_id, spec.task_seed))
             events = self.agent.start_attempt(live, resumed_from_turn=0, reason="new rollout")
-            # The first snapshot registers the rollout in the compacted stream: restore finds it there.
-            commit = self.agent.sink.commit(events, self.agent.snapshot_draft(live))
+            commit = self.agent.begin(live, events)
             return live, RolloutReport(spec.rollout_id, 0, 0, 0, False, False), commit
         folded = fold(spec, history)
         state = folded.state
@@ -237,7 +236,7 @@ class Runner:
             reason = f"resume after crash at turn {state.next_turn}"
         live = LiveRollout(state, env)
         events = self.agent.start_attempt(live, resumed_from_turn=state.next_turn, reason=reason)
-        commit = self.agent.sink.commit(events, None)
+        commit = self.agent.commit(events)
         return live, RolloutReport(spec.rollout_id, committed, 0, 0, restart, False), commit
 
     async def acknowledge(self, rollout_ids: list[str], by: str = "trainer") -> None:
@@ -248,7 +247,7 @@ class Runner:
             return
         futures = [self.journal.acknowledge(self.states[rid].header(), by) for rid in rollout_ids]
         for f in futures:
-            await asyncio.wrap_future(f)
+            await durable(f)
         for rid in rollout_ids:
             if rid in self.live:
                 self.live[rid].acknowledged.set()
