@@ -40,6 +40,16 @@ def median(values: list[float]) -> float:
     return statistics.median(values)
 
 
+def bootstrap_median_interval(values: list[float], confidence: float = 0.9, resamples: int = 4000) -> tuple[float, float]:
+    """A bootstrap interval of the median of ``values``: how much a noisy machine's figure can be trusted.
+    Seeded, so the same measurements always print the same interval."""
+    rng = np.random.default_rng(0)
+    samples = rng.choice(np.asarray(values), size=(resamples, len(values)), replace=True)
+    medians = np.median(samples, axis=1)
+    tail = (1 - confidence) / 2 * 100
+    return float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+
+
 def turn_events(rollout: str, turn: int, seq: int, rng: np.random.Generator, *, prompt_delta: int = 1024,
                 output: int = 256) -> list:
     """One realistic turn: a model call (~1k prompt-delta tokens, 256 output tokens and

@@ -9,8 +9,9 @@
    each strategy executes again.
 2. Restore time as active rollouts grow (100, 1k, 10k) and as history grows
    10x with snapshots on (it must stay flat), on synthesized file journals.
-3. Rollout throughput with journaling on vs off (same workload, alternating
-   rounds, medians): ``journal_overhead = 1 - on/off``.
+3. Rollout throughput with journaling on vs off (the same rollouts, alternating
+   rounds, median of the per-round ratios with a bootstrap 90% interval):
+   ``journal_overhead = 1 - on/off``.
 4. Coordinated-mode checkpoint pause, p50/p99.
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import random
 import sys
@@ -29,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import median, percentile, turn_events  # noqa: E402
+from bench.common import bootstrap_median_interval, median, percentile, turn_events  # noqa: E402
 from journal.events import AttemptStarted, Header  # noqa: E402
 from journal.file_backend import FileBackend  # noqa: E402
 from journal.journal import Journal  # noqa: E402
@@ -137,19 +139,25 @@ def restore_seconds(root: Path, repeats: int = 3) -> tuple[float, int]:
 
 # -- 3. journaling overhead ------------------------------------------------------
 def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -> dict:
-    """Turns/s of the same workload with the file journal (fsync on) and with journaling
-    off, in one process with one model. A discarded warm-up first; then pairs whose
-    order alternates; the overhead is taken pair by pair and the median kept, so drift
-    of a shared machine's speed cancels. Process CPU seconds (all threads) are compared
-    the same way: on a noisy machine they move less than wall time."""
+    """Turns/s of the same workload with the file journal (durable writes on) and with
+    journaling off, in one process with one model.
+
+    Both runs of a round drive the *same* rollouts (same names, so the same seeds, tokens
+    and tool calls); only the journal differs. Rounds alternate which goes first, and each
+    run starts after a full garbage collection, so neither inherits the other's garbage.
+    The overhead is taken round by round and the median kept, so drift of a shared
+    machine's speed cancels; a bootstrap interval of that median says how far to trust it.
+    Process CPU seconds (all threads) are compared the same way."""
     total = groups * siblings * turns
 
     def one(name: str, journaling: bool) -> tuple[float, float]:
+        journal_dir = tmp / f"{name}-{'on' if journaling else 'off'}"
         config = WorkloadConfig(name=name, groups=groups, siblings=siblings, max_turns=turns,
-                                allow_early_submit=False, journal=str(tmp / name), journaling=journaling)
+                                allow_early_submit=False, journal=str(journal_dir), journaling=journaling)
         journal = open_journal(config.journal) if journaling else None
         try:
             runner = Runner(config, journal, backend, backend.tokenizer)
+            gc.collect()
             wall, cpu = time.perf_counter(), time.process_time()
             report = asyncio.run(runner.run(resume=False))
             if journal is not None:
@@ -163,17 +171,21 @@ def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -
 
     backend = build_backend(WorkloadConfig())
     one("warmup", False)
+    one("warmup", True)
     pairs = []
     for round_ in range(rounds):
         order = (False, True) if round_ % 2 == 0 else (True, False)
-        result = {journaling: one(f"tp{round_}{'on' if journaling else 'off'}", journaling) for journaling in order}
+        result = {journaling: one(f"tp{round_}", journaling) for journaling in order}
         pairs.append((result[True], result[False]))
         log(f"  throughput round {round_ + 1}/{rounds}: on {result[True][0]:.1f} turns/s, "
             f"off {result[False][0]:.1f} turns/s")
+    overheads = [1 - on[0] / off[0] for on, off in pairs]
+    low, high = bootstrap_median_interval(overheads)
     return {
         "turns_per_s_journal_on": round(median([on[0] for on, _ in pairs]), 1),
         "turns_per_s_journal_off": round(median([off[0] for _, off in pairs]), 1),
-        "journal_overhead": round(1 - median([on[0] / off[0] for on, off in pairs]), 4),
+        "journal_overhead": round(median(overheads), 4),
+        "journal_overhead_90ci": [round(low, 4), round(high, 4)],
         "journal_cpu_overhead": round(median([on[1] / off[1] for on, off in pairs]) - 1, 4),
         "throughput_rounds": rounds, "throughput_turns_per_run": total,
     }
@@ -198,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (1k rollouts at most), for a smoke run")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="journal-on/off throughput rounds (default 24; each is two runs of 256 turns)")
     args = parser.parse_args(argv)
     sizes = [100, 1000] if args.quick else [100, 1000, 10000]
     report: dict = {}
@@ -228,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         report["restore_time_ratio_10x_history"] = round(t10 / t1, 3)
         log(f"  history x{sizes_mb[1] / sizes_mb[0]:.1f} bytes: restore {t1 * 1000:.1f} ms -> {t10 * 1000:.1f} ms")
         log("rollout throughput, journaling on vs off ...")
-        report.update(throughput(tmp, rounds=3 if args.quick else 8, groups=16, siblings=4, turns=8))
+        report.update(throughput(tmp, rounds=args.rounds or (2 if args.quick else 24), groups=8, siblings=4, turns=8))
         log("coordinated-mode checkpoint pauses ...")
         report.update(coordinated_pauses(tmp, groups=4, siblings=4, turns=12))
     if args.json:
@@ -240,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{s['naive_restart']['redone_tokens']}; snapshot-only {s['snapshot_only']['redone_turns']} / "
               f"{s['snapshot_only']['redone_tokens']}")
         print(f"restore time ratio at 10x history: {report['restore_time_ratio_10x_history']}; "
-              f"journal overhead {report['journal_overhead']:.1%}; coordinated pause p50 "
+              f"journal overhead {report['journal_overhead']:.1%} (90% interval "
+              f"{report['journal_overhead_90ci'][0]:.1%} to {report['journal_overhead_90ci'][1]:.1%}); coordinated pause p50 "
               f"{report['coordinated_pause_p50_ms']} ms, p99 {report['coordinated_pause_p99_ms']} ms")
     return 0
 
