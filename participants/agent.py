@@ -218,6 +218,9 @@ class Agent:
             await self._turn(live)
         finally:
             live.at_boundary.set()
+        # Take turns: a rollout whose previous commit is already done would otherwise run to
+        # its end before its siblings start, since nothing else in its turn has to wait.
+        await asyncio.sleep(0)
 
     async def _turn(self, live: LiveRollout) -> None:
         state, env = live.state, live.env
