@@ -135,7 +135,12 @@ def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after:
     config = default_demo_config(journal)
     total_turns = config.groups * config.siblings * config.max_turns
     rng = random.Random(seed)
-    kill_after = kill_after or rng.randint(total_turns // 4, (3 * total_turns) // 4)
+    if not kill_after:
+        # Rollouts run in waves of `concurrency`, roughly in step. Kill inside a wave, not at its
+        # end, where every started rollout has just finished and a naive restart would lose nothing.
+        wave = config.concurrency * config.max_turns
+        waves = max(1, total_turns // wave)
+        kill_after = rng.randrange(waves) * wave + rng.randint(config.concurrency, max(config.concurrency, wave - config.concurrency))
     report = DemoReport("kafka" if is_kafka_url(config.journal) else "file", config.journal)
     say(f"1/4 uninterrupted reference run of {config.groups}x{config.siblings} rollouts, journaling off")
     reference = run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False)
