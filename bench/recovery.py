@@ -41,7 +41,7 @@ from journal.snapshots import SnapshotDraft  # noqa: E402
 from participants.config import WorkloadConfig  # noqa: E402
 from participants.rollout_state import RolloutState, fold  # noqa: E402
 from participants.runner import Runner, workload_specs  # noqa: E402
-from participants.workload import build_backend, run_workload  # noqa: E402
+from participants.workload import build_backend, open_workload_journal, run_workload  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -154,7 +154,7 @@ def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -
         journal_dir = tmp / f"{name}-{'on' if journaling else 'off'}"
         config = WorkloadConfig(name=name, groups=groups, siblings=siblings, max_turns=turns,
                                 allow_early_submit=False, journal=str(journal_dir), journaling=journaling)
-        journal = open_journal(config.journal) if journaling else None
+        journal = open_workload_journal(config) if journaling else None
         try:
             runner = Runner(config, journal, backend, backend.tokenizer)
             gc.collect()
@@ -197,7 +197,7 @@ def coordinated_pauses(tmp: Path, groups: int, siblings: int, turns: int) -> dic
                             allow_early_submit=False, journal=str(tmp / "coord"), checkpoint_mode="coordinated",
                             coordinated_every_s=0.05, turn_delay_ms=5.0)
     backend = build_backend(config)
-    with open_journal(config.journal) as journal:
+    with open_workload_journal(config) as journal:
         runner = Runner(config, journal, backend, backend.tokenizer)
         asyncio.run(runner.run(resume=False))
         pauses = [c.pause_ms for c in runner.checkpointer.history]

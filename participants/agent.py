@@ -5,10 +5,11 @@ environment's resources, then ``TurnCompleted``; all of it (plus the rollout's
 snapshot when one is due, and ``RolloutFinished`` on the last turn) is appended
 to the journal atomically.
 
-Commits are pipelined one turn deep: turn t+1 generates and is appended while
-turn t commits, and turn t+2 starts only once turn t is durable, so the
-journal's commit latency hides behind the next model call. The journal commits
-appends in order, so t+1 is never durable without t. That is safe because
+Commits are pipelined: with ``turns_in_flight=2`` (the default) turn t+1
+generates and is appended while turn t commits, and turn t+2 starts only once
+turn t is durable, so the journal's commit latency hides behind the next model
+call. The journal commits appends in order, so t+1 is never durable without t.
+That is safe at any depth because
 everything a turn does before it is durable is redone identically after a
 crash: sampling seeds derive from (workload seed, rollout, turn), never from
 the attempt, and resource mutations carry idempotency keys derived from
@@ -20,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -124,8 +126,7 @@ class LiveRollout:
     tokens_run_here: int = 0
     at_boundary: asyncio.Event = field(default_factory=asyncio.Event)  # set between turns: safe to checkpoint
     exports: dict[str, tuple[tuple[int, int], bytes]] = field(default_factory=dict)  # resource -> (version, bytes)
-    pending: Future | None = None  # the previous turn's commit, still in flight
-    pending_turn: int = -1
+    in_flight: deque[tuple[Future, int]] = field(default_factory=deque)  # (commit, turn) not yet known durable
     acknowledged: asyncio.Event = field(default_factory=asyncio.Event)  # the trainer took its result
 
     def __post_init__(self) -> None:
@@ -266,16 +267,17 @@ class Agent:
         if self.sink.journals and (last or periodic):
             snapshot = self.snapshot_draft(live)
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
-        previous = (live.pending, live.pending_turn)
-        live.pending, live.pending_turn = self.sink.submit(events, snapshot), turn
-        await self._durable(live, *previous)  # at most two turns in flight: t+1 appended, t committing
+        live.in_flight.append((self.sink.submit(events, snapshot), turn))
+        await self._durable(live, keep=self.config.turns_in_flight - 1)
 
-    async def _durable(self, live: LiveRollout, pending: Future | None, turn: int) -> None:
-        if pending is not None:
-            await durable(pending)
+    async def _durable(self, live: LiveRollout, keep: int) -> None:
+        """Wait (oldest first) until at most ``keep`` of the rollout's turns are not yet durable."""
+        while len(live.in_flight) > keep:
+            future, turn = live.in_flight[0]
+            await durable(future)
+            live.in_flight.popleft()
             self.on_durable(live.state.spec.rollout_id, turn)
 
     async def settle(self, live: LiveRollout) -> None:
         """Wait until the rollout's last appended turn is durable."""
-        pending, live.pending = live.pending, None
-        await self._durable(live, pending, live.pending_turn)
+        await self._durable(live, keep=0)

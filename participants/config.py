@@ -41,6 +41,10 @@ class WorkloadConfig(BaseModel):
     snapshot_every_turns: int = Field(4, ge=1)
     snapshot_max_bytes: int = Field(256 * 1024, ge=1, description="also snapshot once this many event bytes accrued")
     concurrency: int = Field(64, ge=1, description="rollouts in flight at once")
+    journal_linger_ms: float = Field(50.0, ge=0.0, description="how long a commit waits for more turns when no "
+                                     "agent waits for it yet (an agent that waits makes it commit at once)")
+    turns_in_flight: int = Field(2, ge=1, description="a rollout's turns appended but not yet known durable: turn "
+                                                      "t+N starts once turn t is durable (1 = no pipelining)")
     turn_delay_ms: float = Field(0.0, ge=0.0, description="simulated environment latency per turn")
     journaling: bool = Field(True, description="off only to measure journaling overhead")
     checkpoint_mode: Literal["snapshot", "coordinated"] = Field(

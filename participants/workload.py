@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import torch
 
+from journal.journal import Journal
 from journal.open import open_journal
 
 from .config import WorkloadConfig
@@ -31,12 +32,17 @@ def build_backend(config: WorkloadConfig) -> TinyTorchPolicy:
     return backend
 
 
+def open_workload_journal(config: WorkloadConfig) -> Journal:
+    """The journal a workload writes, with the workload's group-commit linger."""
+    return open_journal(config.journal, writer=config.writer, linger_ms=config.journal_linger_ms)
+
+
 def run_workload(config: WorkloadConfig, *, resume: bool, on_turn: TurnCallback | None = None,
                  stop_after: dict[str, int] | None = None) -> RunReport:
     """Run every rollout of ``config`` to the end; with ``resume``, continue what the journal holds."""
     backend = build_backend(config)
     if not config.journaling:
         return asyncio.run(Runner(config, None, backend, backend.tokenizer, progress=on_turn).run(resume=False))
-    with open_journal(config.journal, writer=config.writer) as journal:
+    with open_workload_journal(config) as journal:
         runner = Runner(config, journal, backend, backend.tokenizer, progress=on_turn)
         return asyncio.run(runner.run(resume=resume, stop_after=stop_after))
