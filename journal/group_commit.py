@@ -73,7 +73,6 @@ class PendingAppend:
     future: CommitFuture
 
 
-
 class GroupCommitter:
     def __init__(
         self,

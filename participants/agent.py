@@ -80,8 +80,8 @@ class NullSink:
 async def durable(future: Future) -> object:
     """The result of a journal future, awaited without blocking the event loop.
 
-    A turn's commit is usually done long before the agent asks (a commit takes about
-    a millisecond, the next turn's generation much longer): then the result is read
+    A turn's commit is usually done long before the agent asks (rollouts take turns,
+    so a rollout's next turn comes after its siblings' turns): then the result is read
     at once, and the committer thread never has to wake the event loop for it.
     """
     if not future.done():
