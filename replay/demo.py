@@ -141,6 +141,7 @@ def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after:
         wave = config.concurrency * config.max_turns
         waves = max(1, total_turns // wave)
         kill_after = rng.randrange(waves) * wave + rng.randint(config.concurrency, max(config.concurrency, wave - config.concurrency))
+        kill_after = min(kill_after, total_turns - 1)  # a wave larger than the workload: still die before the end
     report = DemoReport("kafka" if is_kafka_url(config.journal) else "file", config.journal)
     say(f"1/4 uninterrupted reference run of {config.groups}x{config.siblings} rollouts, journaling off")
     reference = run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False)
