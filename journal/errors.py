@@ -26,7 +26,15 @@ class RecordLocation:
         return f"topic {self.source} partition {self.partition} offset {self.offset}"
 
 
-class JournalError(Exception):
+class RolloutJournalError(Exception):
+    """Root of every error rollout-journal raises on purpose (journal, participants, replay).
+
+    Each names the thing at fault; the command line turns one into a single line
+    and an exit code, never a traceback.
+    """
+
+
+class JournalError(RolloutJournalError):
     """Base class of every error the journal raises."""
 
 

@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
+from journal.errors import RolloutJournalError
+
 if TYPE_CHECKING:
     from participants.tokenizer import ChatTokenizer
 
 
-class ConstraintViolation(ValueError):
+class ConstraintViolation(RolloutJournalError, ValueError):
     """Generated ids left the constraint's language (a backend bug, or ids
     decoded under a different tokenizer than the one the constraint was built with)."""
 

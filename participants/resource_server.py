@@ -18,10 +18,12 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from journal.errors import RolloutJournalError
+
 from .resources import Resource
 
 
-class ControlError(Exception):
+class ControlError(RolloutJournalError):
     """A checkpoint control call failed for good (a 4xx, or retries exhausted)."""
 
 

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, fields
 from enum import Enum
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
+from journal.errors import RolloutJournalError
+
 __all__ = [
     "Recovery",
     "weakest_recovery",
@@ -166,7 +168,7 @@ def _secret_values(args: Any, secret_names: frozenset[str]) -> list[str]:
 # ----------------------------------------------------------------- errors
 
 
-class ResourceError(Exception):
+class ResourceError(RolloutJournalError):
     """Base class of every error a resource raises."""
 
 

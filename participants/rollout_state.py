@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from journal.errors import RecordLocation
+from journal.errors import RecordLocation, RolloutJournalError
 from journal.events import (
     AttemptStarted, Header, Message, ModelCall, ResourceMutation, RolloutFinished, TurnCompleted,
 )
@@ -26,7 +26,7 @@ from .resources import MutationRecord
 SNAPSHOT_FORMAT = "rollout-journal/rollout-state/1"
 
 
-class StateFoldError(Exception):
+class StateFoldError(RolloutJournalError):
     """The journal of a rollout cannot be folded (a gap in its sequence numbers)."""
 
 

@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 
-from journal.errors import JournalError
+from journal.errors import RolloutJournalError
 
 DESCRIPTION = """\
 Turn-level crash recovery for multi-turn agentic RL rollouts.
@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)
-    except JournalError as exc:
+    except RolloutJournalError as exc:
         print(f"rollout-journal: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from journal.errors import RolloutJournalError
 from participants.environments.base import Environment, Observation, StepMutations
 from participants.environments.counter import CounterEnvironment
 from participants.environments.sandbox import SandboxEnvironment
@@ -23,7 +24,7 @@ ENVIRONMENTS: dict[str, type[Environment]] = {
 }
 
 
-class UnknownEnvironmentError(LookupError):
+class UnknownEnvironmentError(RolloutJournalError, LookupError):
     """No environment is registered under the requested name."""
 
 
