@@ -39,7 +39,7 @@ from journal.open import open_journal  # noqa: E402
 from journal.restore import load_rollouts  # noqa: E402
 from journal.snapshots import SnapshotDraft  # noqa: E402
 from participants.config import WorkloadConfig  # noqa: E402
-from participants.rollout_state import RolloutState, fold  # noqa: E402
+from participants.rollout_state import RolloutState, restore_state  # noqa: E402
 from participants.runner import Runner, workload_specs  # noqa: E402
 from participants.workload import build_backend, open_workload_journal, run_workload  # noqa: E402
 
@@ -60,10 +60,10 @@ def redone_work(tmp: Path, groups: int, siblings: int, turns: int, snapshot_ever
     naive_turns = naive_tokens = snap_turns = snap_tokens = 0
     for spec in workload_specs(config):
         history = plan.rollouts[spec.rollout_id]
-        state = fold(spec, history).state
+        state = restore_state(history, spec.group_id)
         if state.finished:
             continue
-        snapshot = RolloutState.from_bytes(history.snapshot.state) if history.snapshot else RolloutState(spec)
+        snapshot = RolloutState.from_bytes(history.snapshot.state) if history.snapshot else RolloutState(spec.rollout_id, spec.group_id)
         naive_turns += state.next_turn
         naive_tokens += state.output_tokens
         snap_turns += state.next_turn - snapshot.next_turn

@@ -58,6 +58,9 @@ class AttemptStarted:
     resumed_from_turn: int
     topology: str
     reason: str
+    messages: list[Message] = field(default_factory=list)  # the initial conversation of a start from turn 0
+    override: str | None = None  # what the user changed on purpose (a resume with another topology)
+    forked_from: str | None = None  # "<rollout_id>@<turn>" for a forked lineage
 
 
 @dataclass(frozen=True)
@@ -163,14 +166,27 @@ class BlobChunk:
     data: bytes
 
 
+@dataclass(frozen=True)
+class WorkloadRegistered:
+    """A workload recorded in the journal (not a rollout event: it has no header)."""
+
+    RECORD: ClassVar[str] = "WorkloadRegistered"
+    name: str
+    spec_json: str
+    rollout_ids: list[str]
+    topology: str
+    ts_ms: int
+    writer: str
+
+
 RolloutEvent = Union[
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged
 ]
-Record = Union[RolloutEvent, Snapshot, BlobChunk]
+Record = Union[RolloutEvent, Snapshot, BlobChunk, WorkloadRegistered]
 
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted,
-    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk,
+    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk, WorkloadRegistered,
 )
 NESTED_TYPES: dict[str, type] = {
     "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message,

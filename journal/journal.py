@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
 from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
-from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent
+from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent, WorkloadRegistered
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
-from .snapshots import SnapshotDraft, SnapshotIndex, blob_tombstones, fence_key, load_snapshots, snapshot_records
+from .snapshots import (
+    SnapshotDraft, SnapshotIndex, blob_tombstones, fence_key, load_snapshots, snapshot_records, workload_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,12 @@ class Journal:
         event = RolloutAcknowledged(header, acknowledged_by)
         encoded = OutRecord(Stream.EVENTS, header.rollout_id, self.codec.encode(event), header.rollout_id)
         return self._committer.submit(lambda: [encoded, *self._tombstone_records(header.rollout_id)])
+
+    def register_workload(self, registration: WorkloadRegistered) -> Future:
+        """Record a workload (its spec and rollout ids) in the compacted stream; the newest wins."""
+        value = self.codec.encode(registration)
+        record = OutRecord(Stream.SNAPSHOTS, workload_key(registration.name), value, registration.name)
+        return self._committer.submit(lambda: [record])
 
     def tombstone(self, rollout_id: str) -> Future:
         """Drop a rollout's snapshot (and blob chunks) from the compacted stream."""

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from .events import AttemptStarted
+from .events import WorkloadRegistered
 from .journal import Cursor, Journal, JournaledEvent, ReadReport
 from .snapshots import Fence, LoadedSnapshot
 
@@ -29,22 +29,11 @@ class RolloutHistory:
     events: list[JournaledEvent] = field(default_factory=list)
     fence: Fence | None = None  # its newest attempt, from the snapshot stream
 
-    @property
-    def epoch(self) -> int:
-        epochs = [e.event.header.epoch for e in self.events if isinstance(e.event, AttemptStarted)]
-        base = self.snapshot.snapshot.header.epoch if self.snapshot else 0
-        return max([base, self.fence.epoch if self.fence else 0, *epochs])
-
-    @property
-    def attempt(self) -> int:
-        attempts = [e.event.header.attempt for e in self.events if isinstance(e.event, AttemptStarted)]
-        base = self.snapshot.snapshot.header.attempt if self.snapshot else 0
-        return max([base, self.fence.attempt if self.fence else 0, *attempts])
-
 
 @dataclass
 class RestorePlan:
     rollouts: dict[str, RolloutHistory]
+    workloads: dict[str, WorkloadRegistered]
     report: ReadReport
     seconds: float
     events_replayed: int
@@ -75,6 +64,4 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
     for item in journal.read_rollouts(cursors, report):
         histories[item.event.header.rollout_id].events.append(item)
         replayed += 1
-    for history in histories.values():
-        journal.note_epoch(history.rollout_id, history.epoch)
-    return RestorePlan(histories, report, time.perf_counter() - started, replayed)
+    return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed)

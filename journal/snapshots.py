@@ -15,20 +15,27 @@ one written after it comes from a zombie attempt and is ignored.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from .backend import OutRecord, StoredRecord, Stream, compacted
 from .codec import Codec
 from .errors import CorruptRecordError, JournalError, RecordLocation
-from .events import AttemptStarted, BlobChunk, BlobRef, Header, Snapshot
+from .events import AttemptStarted, BlobChunk, BlobRef, Header, Snapshot, WorkloadRegistered
 
 BLOB_MARK = "/blob/"
 FENCE_SUFFIX = "/fence"
+WORKLOAD_SUFFIX = "/workload"
+LEGACY_WORKLOAD_PREFIX = "workload:"  # 0.1.0 kept a workload's registration as a pseudo-rollout snapshot
 
 
 def fence_key(rollout_id: str) -> str:
     return rollout_id + FENCE_SUFFIX
+
+
+def workload_key(name: str) -> str:
+    return name + WORKLOAD_SUFFIX
 
 
 def blob_chunk_key(rollout_id: str, sha256: str, index: int) -> str:
@@ -68,6 +75,7 @@ class SnapshotIndex:
 
     snapshots: dict[str, LoadedSnapshot | None] = field(default_factory=dict)  # None: known rollout, no valid snapshot
     fences: dict[str, Fence] = field(default_factory=dict)
+    workloads: dict[str, WorkloadRegistered] = field(default_factory=dict)
     errors: list[JournalError] = field(default_factory=list)
 
 
@@ -114,12 +122,17 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
     latest = compacted(stored, keep, lambda r: index.errors.append(CorruptRecordError(r.location, r.error)))
     chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key}
     for key, records in latest.items():
-        if key.endswith(FENCE_SUFFIX):
-            try:
+        try:
+            if key.endswith(FENCE_SUFFIX):
                 index.fences[key[: -len(FENCE_SUFFIX)]] = _fence(codec, records[-1])
-            except JournalError as exc:
-                index.errors.append(exc)
-    candidates = {key: records for key, records in latest.items() if "/" not in key}
+            elif key.endswith(WORKLOAD_SUFFIX):
+                index.workloads[key[: -len(WORKLOAD_SUFFIX)]] = _workload(codec, records[-1])
+            elif key.startswith(LEGACY_WORKLOAD_PREFIX):
+                index.workloads[key[len(LEGACY_WORKLOAD_PREFIX):]] = _legacy_workload(codec, records[-1])
+        except JournalError as exc:
+            index.errors.append(exc)
+    candidates = {key: records for key, records in latest.items()
+                  if "/" not in key and not key.startswith(LEGACY_WORKLOAD_PREFIX)}
     for rollout_id, records in candidates.items():
         index.snapshots[rollout_id] = None
         fence = index.fences.get(rollout_id)
@@ -146,6 +159,27 @@ def _fence(codec: Codec, record: StoredRecord) -> Fence:
         raise CorruptRecordError(record.location, f"fence of {record.key} holds a {type(event).__name__}")
     h = event.header
     return Fence(h.epoch, h.attempt, h.seq, record.location)
+
+
+def _workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
+    registered = codec.decode(record.value, record.location)
+    if not isinstance(registered, WorkloadRegistered):
+        raise CorruptRecordError(record.location, f"{record.key} holds a {type(registered).__name__}")
+    return registered
+
+
+def _legacy_workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
+    """Upcast 0.1.0's registration (a snapshot of pseudo-rollout ``workload:<name>`` listing
+    the rollout ids) to the record type that replaced it."""
+    marker = codec.decode(record.value, record.location)
+    try:
+        if not isinstance(marker, Snapshot):
+            raise TypeError(type(marker).__name__)
+        ids = json.loads(marker.state)["rollouts"]
+    except (TypeError, ValueError, KeyError) as exc:
+        raise CorruptRecordError(record.location, f"0.1.0 workload registration {record.key} is unreadable: {exc!r}") from exc
+    h = marker.header
+    return WorkloadRegistered(record.key[len(LEGACY_WORKLOAD_PREFIX):], "{}", list(ids), "", h.ts_ms, h.writer)
 
 
 def _verified(codec: Codec, record: StoredRecord, chunks: dict[str, StoredRecord]) -> LoadedSnapshot:

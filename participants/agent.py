@@ -30,7 +30,8 @@ from typing import Protocol
 import numpy as np
 
 from journal.events import (
-    AttemptFenced, AttemptStarted, Message, ResourceMutation, RolloutEvent, RolloutFinished, SamplingParams, TurnCompleted,
+    AttemptFenced, AttemptStarted, Header, Message, ResourceMutation, RolloutEvent, RolloutFinished, SamplingParams,
+    TurnCompleted,
 )
 from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
@@ -40,7 +41,7 @@ from .constraints import ActionTrie
 from .environments.base import SUBMIT, Environment
 from .model import ModelParticipant
 from .resources import MutationRecord, MutationRequest, Resource, canonical_json
-from .rollout_state import RolloutState
+from .rollout_state import RolloutSpec, RolloutState
 from .tokenizer import ChatTokenizer
 
 SYSTEM_PROMPT = "You are an assistant that acts only through tool calls. Reply with exactly one tool call."
@@ -107,9 +108,9 @@ def outcome_of(state: RolloutState, env: Environment) -> dict:
     }
 
 
-def mutation_event(state: RolloutState, record: MutationRecord) -> ResourceMutation:
+def mutation_event(header: Header, record: MutationRecord) -> ResourceMutation:
     return ResourceMutation(
-        header=state.header(), resource_id=record.resource_id, kind=record.kind, op=record.op,
+        header=header, resource_id=record.resource_id, kind=record.kind, op=record.op,
         args_json=canonical_json(record.args), idempotency_key=record.idempotency_key,
         prev_revision=record.prev_revision, revision=record.revision, result_json=canonical_json(record.result),
         state_digest=record.state_digest, chain_hash=record.chain_hash,
@@ -118,6 +119,9 @@ def mutation_event(state: RolloutState, record: MutationRecord) -> ResourceMutat
 
 @dataclass
 class LiveRollout:
+    """A rollout being driven in this process: who it is, its state, its environment."""
+
+    spec: RolloutSpec
     state: RolloutState
     env: Environment
     bytes_since_snapshot: int = 0
@@ -166,20 +170,28 @@ class Agent:
         return trie
 
     # -- lifecycle -------------------------------------------------------------
+    def _applied(self, state: RolloutState, event: RolloutEvent, events: list[RolloutEvent]) -> RolloutEvent:
+        """Apply a just-built event to the rollout's state and collect it for the journal."""
+        state.apply(event)
+        events.append(event)
+        return event
+
     def start_attempt(self, live: LiveRollout, *, resumed_from_turn: int, reason: str) -> list[RolloutEvent]:
-        """The fence: attempt N+1 with a higher epoch. Resources refuse older epochs from now on."""
+        """The fence: attempt N+1 with the next epoch. Resources refuse older epochs from now on.
+
+        ``resumed_from_turn=0`` on a rollout with committed turns starts its conversation
+        over (a restart-only environment lost its state); applying the event does that."""
         state = live.state
         previous_attempt, previous_epoch = state.attempt, state.epoch
-        state.attempt += 1
-        state.epoch += 1
-        if not state.messages:
-            state.messages = self.initial_messages(live.env)
-        live.env.fence(state.spec.rollout_id, state.epoch)
-        events: list[RolloutEvent] = [AttemptStarted(state.header(turn=resumed_from_turn), resumed_from_turn,
-                                                     self.config.topology(), reason)]
+        attempt, epoch = previous_attempt + 1, previous_epoch + 1
+        messages = self.initial_messages(live.env) if resumed_from_turn == 0 else []
+        events: list[RolloutEvent] = []
+        self._applied(state, AttemptStarted(state.header(self.writer, turn=resumed_from_turn, attempt=attempt, epoch=epoch),
+                                            resumed_from_turn, self.config.topology(), reason, messages), events)
+        live.env.fence(live.spec.rollout_id, state.epoch)
         if previous_attempt:  # the audit trail names what this attempt supersedes
-            events.append(AttemptFenced(state.header(turn=resumed_from_turn), previous_attempt, previous_epoch,
-                                        f"superseded by attempt {state.attempt}: {reason}"))
+            self._applied(state, AttemptFenced(state.header(self.writer, turn=resumed_from_turn), previous_attempt,
+                                               previous_epoch, f"superseded by attempt {attempt}: {reason}"), events)
         return events
 
     async def commit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None = None) -> None:
@@ -197,15 +209,16 @@ class Agent:
         state = live.state
         if resource_states is None:
             resource_states = {rid: self._export(live, r) for rid, r in live.env.resources.items() if r.supports_export}
-        state.resource_states = resource_states
-        header = state.snapshot_header()
-        return SnapshotDraft(header, "finished" if state.finished else "running", header.seq, state.to_bytes())
+        state.record_exports(resource_states)
+        header = state.header(self.writer)
+        covers_seq = state.next_seq - 1  # every event applied so far
+        return SnapshotDraft(header, "finished" if state.finished else "running", covers_seq, state.to_bytes())
 
     @staticmethod
     def _export(live: LiveRollout, resource: Resource) -> bytes:
         """A resource's exported state, reused while its revision and fence stand still
         (most turns touch one resource, and every snapshot exports them all)."""
-        version = (resource.revision, resource.fenced_epoch(live.state.spec.rollout_id))
+        version = (resource.revision, resource.fenced_epoch(live.spec.rollout_id))
         cached = live.exports.get(resource.resource_id)
         if cached is None or cached[0] != version:
             cached = live.exports[resource.resource_id] = (version, resource.export_state())
@@ -225,7 +238,7 @@ class Agent:
 
     async def _turn(self, live: LiveRollout) -> None:
         state, env = live.state, live.env
-        rollout_id, turn = state.spec.rollout_id, state.next_turn
+        rollout_id, turn = live.spec.rollout_id, state.next_turn
         actions = env.action_space()
         if not self.config.allow_early_submit and turn + 1 < self.config.max_turns and len(actions) > 1:
             actions = [a for a in actions if a != SUBMIT]
@@ -233,7 +246,9 @@ class Agent:
         params = SamplingParams(self.config.model.temperature, self.config.model.top_p,
                                 self.config.model.max_tokens, turn_seed(self.config.seed, rollout_id, turn))
         call = await self.model.call(state, self.prompt_of(state), params, trie,
-                                     f"{rollout_id}/a{state.attempt}/t{turn}/c0")
+                                     f"{rollout_id}/a{state.attempt}/t{turn}/c0", writer=self.writer)
+        events: list[RolloutEvent] = []
+        self._applied(state, call.event, events)
         action = trie.decode_action(call.generation.output_ids)
         counter = iter(range(1 << 30))
 
@@ -244,18 +259,17 @@ class Agent:
         observation, records = env.step(action, request_for)
         if self.config.turn_delay_ms:
             await asyncio.sleep(self.config.turn_delay_ms / 1000.0)
-        events: list[RolloutEvent] = [call.event, *(mutation_event(state, r) for r in records)]
+        for record in records:
+            self._applied(state, mutation_event(state.header(self.writer), record), events)
         messages = [Message("assistant", action), Message("tool", observation.text)]
         last = observation.done or turn + 1 >= self.config.max_turns
         reward = env.verify() if last else None
-        events.append(TurnCompleted(state.header(), messages, [call.event.call_id], env.revisions(), reward, [action]))
-        state.messages.extend(messages)
-        state.actions.append(action)
-        state.next_turn = turn + 1
+        self._applied(state, TurnCompleted(state.header(self.writer), messages, [call.event.call_id],
+                                           env.revisions(), reward, [action]), events)
         if last:
-            state.finished, state.reward = True, reward
-            state.outcome = outcome_of(state, env)
-            events.append(RolloutFinished(state.header(), reward, state.next_turn, json.dumps(state.outcome)))
+            outcome = outcome_of(state, env)
+            self._applied(state, RolloutFinished(state.header(self.writer), reward, state.next_turn,
+                                                 json.dumps(outcome)), events)
         live.turns_run_here += 1
         live.tokens_run_here += len(call.generation.output_ids)
         live.turns_since_snapshot += 1
@@ -276,7 +290,7 @@ class Agent:
             future, turn = live.in_flight[0]
             await durable(future)
             live.in_flight.popleft()
-            self.on_durable(live.state.spec.rollout_id, turn)
+            self.on_durable(live.spec.rollout_id, turn)
 
     async def settle(self, live: LiveRollout) -> None:
         """Wait until the rollout's last appended turn is durable."""

@@ -80,10 +80,10 @@ class CoordinatedCheckpointer:
                     states = {rid: await self._export(r, report) for rid, r in live.env.resources.items()
                               if r.supports_export}
                 except ControlError as exc:
-                    report.skipped[live.state.spec.rollout_id] = f"export failed: {exc}"
+                    report.skipped[live.spec.rollout_id] = f"export failed: {exc}"
                     continue
                 drafts.append(self.agent.snapshot_draft(live, states))
-                report.included.append(live.state.spec.rollout_id)
+                report.included.append(live.spec.rollout_id)
             futures = [self.journal.append([], draft) for draft in drafts]
             for future in futures:
                 await durable(future)
@@ -102,7 +102,7 @@ class CoordinatedCheckpointer:
                 await asyncio.wait_for(live.at_boundary.wait(), self.prepare_timeout_s)
                 return True
             except asyncio.TimeoutError:
-                report.skipped[live.state.spec.rollout_id] = f"not at a turn boundary within {self.prepare_timeout_s}s"
+                report.skipped[live.spec.rollout_id] = f"not at a turn boundary within {self.prepare_timeout_s}s"
                 return False
 
         results = await asyncio.gather(*(parked(live) for live in rollouts))

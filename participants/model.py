@@ -82,11 +82,10 @@ class ModelParticipant:
         self.gate = AdmissionGate(max_in_flight)
 
     async def call(self, state: RolloutState, prompt: np.ndarray, params: SamplingParams,
-                   constraint: TokenConstraint | None, call_id: str) -> ModelCallResult:
+                   constraint: TokenConstraint | None, call_id: str, *, writer: str) -> ModelCallResult:
         """Generate, and describe the call as a lineage event whose parent is the state's head.
 
-        The state's head moves to this call; the event is journaled by the agent
-        with the rest of the turn.
+        The state is only read: applying the returned event moves its head.
         """
         async with self.gate:
             started = time.perf_counter()
@@ -94,13 +93,10 @@ class ModelParticipant:
             latency_ms = (time.perf_counter() - started) * 1000.0
         prefix = common_prefix_len(state.head_tokens, prompt) if state.head_call_id else 0
         event = ModelCall(
-            header=state.header(), call_id=call_id, parent_call_id=state.head_call_id,
+            header=state.header(writer), call_id=call_id, parent_call_id=state.head_call_id,
             policy_version=self.backend.policy_version, sampling=params, prefix_len=prefix,
             prompt_delta=np.ascontiguousarray(prompt[prefix:], dtype="<i4"),
             output_ids=generation.output_ids, logprobs=generation.logprobs,
             finish_reason=generation.finish_reason, latency_ms=latency_ms,
         )
-        state.head_call_id = call_id
-        state.head_tokens = np.concatenate([prompt, generation.output_ids]).astype(np.int32)
-        state.output_tokens += len(generation.output_ids)
         return ModelCallResult(event, generation, prompt)

@@ -1,38 +1,63 @@
-"""A rollout's continuation, derived from the journal and never saved on the side.
+"""A rollout's state as an event-sourced aggregate: ``apply(event)`` is the only code
+that changes it.
 
-``RolloutState`` is what an agent needs to run the next turn. It is built by
-folding journal events (``fold``) over the newest snapshot, and a snapshot's
-bytes are just this state (plus exported resource states) serialised.
+The live path builds an event, applies it, and hands it to the journal; restore,
+replay, audit and export apply the events they read. So what attempt N+1 continues
+from, and what an offline reader shows, cannot drift from what ran: the epoch, the
+lineage head, the resource revisions and the restart of a conversation are each
+derived here, once.
+
+Two layers:
+
+- :class:`RolloutProgress`: the bounded bookkeeping every reader needs (attempt,
+  epoch, turns, status, counts). ``replay list`` and ``status`` keep one per rollout.
+- :class:`RolloutState`: adds the continuation an agent needs to run the next turn
+  (conversation, lineage head, resource mutations since their last export).
+
+A snapshot's bytes are a ``RolloutState`` serialised (:meth:`RolloutState.to_bytes`).
 """
 
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from journal.errors import RecordLocation, RolloutJournalError
 from journal.events import (
-    AttemptStarted, Header, Message, ModelCall, ResourceMutation, RolloutFinished, TurnCompleted,
+    AttemptFenced,
+    AttemptStarted,
+    Header,
+    Message,
+    ModelCall,
+    ResourceMutation,
+    RolloutAcknowledged,
+    RolloutEvent,
+    RolloutFinished,
+    TurnCompleted,
 )
 from journal.restore import RolloutHistory
 
 from .resources import MutationRecord
 
-SNAPSHOT_FORMAT = "rollout-journal/rollout-state/1"
+SNAPSHOT_FORMAT = "rollout-journal/rollout-state/2"
+_SNAPSHOT_FORMAT_V1 = "rollout-journal/rollout-state/1"  # 0.1.0: exports only, no counters
 
 
 class StateFoldError(RolloutJournalError):
-    """The journal of a rollout cannot be folded (a gap in its sequence numbers)."""
+    """A rollout's events cannot be applied in order (a gap or a duplicate in its
+    sequence numbers, or a fence whose attempt is missing): that rollout's journal
+    is damaged or was read incompletely."""
 
 
 @dataclass(frozen=True)
 class RolloutSpec:
-    """Who a rollout is; fixed by the workload, so restore never needs a snapshot to know it."""
+    """Who a rollout is and what it works on; fixed by the workload, so restore never
+    needs a snapshot to know it."""
 
     rollout_id: str
     group_id: str
@@ -41,79 +66,13 @@ class RolloutSpec:
     environment: str
 
 
-@dataclass
-class RolloutState:
-    spec: RolloutSpec
-    attempt: int = 0
-    epoch: int = 0
-    next_turn: int = 0
-    next_seq: int = 0
-    messages: list[Message] = field(default_factory=list)
-    head_call_id: str | None = None
-    head_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # prompt+output of the head call
-    finished: bool = False
-    reward: float | None = None
-    actions: list[str] = field(default_factory=list)
-    output_tokens: int = 0  # generated tokens so far (work accounting)
-    resource_states: dict[str, bytes] = field(default_factory=dict)  # exported at the snapshot, per resource
-    outcome: dict | None = None  # what the finished rollout produced (see agent.outcome_of)
-    writer: str = field(default="", compare=False)  # this process's worker slot; not persisted
-
-    def header(self, turn: int | None = None) -> Header:
-        """A header for the next event; takes a sequence number."""
-        h = Header(self.spec.rollout_id, self.spec.group_id, self.attempt, self.epoch,
-                   self.next_turn if turn is None else turn, self.next_seq, Header.now_ms(), self.writer)
-        self.next_seq += 1
-        return h
-
-    def snapshot_header(self) -> Header:
-        """The header of a snapshot of this state: it covers every seq taken so far."""
-        return Header(self.spec.rollout_id, self.spec.group_id, self.attempt, self.epoch,
-                      self.next_turn, self.next_seq - 1, Header.now_ms(), self.writer)
-
-    # -- snapshot bytes ------------------------------------------------------
-    def to_bytes(self) -> bytes:
-        doc = {
-            "format": SNAPSHOT_FORMAT,
-            "spec": dataclasses.asdict(self.spec),
-            "attempt": self.attempt, "epoch": self.epoch,
-            "next_turn": self.next_turn, "next_seq": self.next_seq,
-            "messages": [[m.role, m.content] for m in self.messages],
-            "head_call_id": self.head_call_id,
-            "head_tokens": base64.b64encode(self.head_tokens.astype("<i4").tobytes()).decode(),
-            "finished": self.finished, "reward": self.reward, "actions": self.actions,
-            "output_tokens": self.output_tokens, "outcome": self.outcome,
-            "resources": {k: base64.b64encode(v).decode() for k, v in self.resource_states.items()},
-        }
-        return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
-
-    @classmethod
-    def from_bytes(cls, data: bytes, where: RecordLocation | None = None) -> "RolloutState":
-        try:
-            doc = json.loads(zlib.decompress(data))
-        except (zlib.error, ValueError) as exc:
-            raise StateFoldError(f"snapshot at {where} is not a rollout state: {exc}") from exc
-        if doc.get("format") != SNAPSHOT_FORMAT:
-            raise StateFoldError(f"snapshot at {where} has format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT!r}")
-        try:
-            return cls._from_doc(doc)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise StateFoldError(f"snapshot at {where} lacks or mangles field {exc}; written by another version?") from exc
-
-    @classmethod
-    def _from_doc(cls, doc: dict) -> "RolloutState":
-        return cls(
-            spec=RolloutSpec(**doc["spec"]), attempt=doc["attempt"], epoch=doc["epoch"],
-            next_turn=doc["next_turn"], next_seq=doc["next_seq"],
-            messages=[Message(r, c) for r, c in doc["messages"]], head_call_id=doc["head_call_id"],
-            head_tokens=np.frombuffer(base64.b64decode(doc["head_tokens"]), dtype="<i4").copy(),
-            finished=doc["finished"], reward=doc["reward"], actions=list(doc["actions"]),
-            output_tokens=doc["output_tokens"], outcome=doc["outcome"],
-            resource_states={k: base64.b64decode(v) for k, v in doc["resources"].items()},
-        )
+def full_prompt(head_tokens: np.ndarray, call: ModelCall) -> np.ndarray:
+    """A call's whole prompt: its parent's prompt+output up to ``prefix_len``, then the delta."""
+    return np.concatenate([head_tokens[: call.prefix_len], call.prompt_delta]).astype(np.int32)
 
 
 def mutation_record(event: ResourceMutation) -> MutationRecord:
+    """The resource-side record of a journaled mutation (what ``Resource.replay`` takes)."""
     h = event.header
     return MutationRecord(
         resource_id=event.resource_id, kind=event.kind, op=event.op, args=json.loads(event.args_json),
@@ -124,53 +83,205 @@ def mutation_record(event: ResourceMutation) -> MutationRecord:
 
 
 @dataclass
-class FoldedRollout:
-    state: RolloutState
-    mutations: list[MutationRecord]  # to re-apply on top of state.resource_states, in order
-    restarted_from_zero: bool  # an attempt restarted it from turn 0 after the snapshot
+class RolloutProgress:
+    """Where a rollout stands; bounded in size whatever its length."""
+
+    rollout_id: str
+    group_id: str
+    attempt: int = 0
+    epoch: int = 0
+    next_turn: int = 0
+    next_seq: int = 0
+    finished: bool = False
+    reward: float | None = None
+    acknowledged: bool = False
+    restarts: int = 0  # attempts that started the conversation over (restart-only resources)
+    model_calls: int = 0
+    mutation_count: int = 0
+    policy_versions: list[str] = field(default_factory=list)  # in order of first use
+
+    def apply(self, event: RolloutEvent) -> None:
+        """Advance by one committed (or just built) event of this rollout, in seq order."""
+        h = event.header
+        if h.rollout_id != self.rollout_id:
+            raise StateFoldError(f"rollout {self.rollout_id}: was handed an event of rollout {h.rollout_id}")
+        if h.seq != self.next_seq and not isinstance(event, AttemptStarted):
+            problem = "a record is missing" if h.seq > self.next_seq else "a record appears twice"
+            raise StateFoldError(f"rollout {self.rollout_id}: expected seq {self.next_seq}, found {h.seq} "
+                                 f"({type(event).__name__}); {problem}")
+        self.next_seq = max(self.next_seq, h.seq + 1)
+        if isinstance(event, AttemptStarted):
+            self._on_attempt(event)
+        elif isinstance(event, ModelCall):
+            self._on_model_call(event)
+        elif isinstance(event, ResourceMutation):
+            self._on_mutation(event)
+        elif isinstance(event, TurnCompleted):
+            self._on_turn(event)
+        elif isinstance(event, RolloutFinished):
+            self._on_finished(event)
+        elif isinstance(event, RolloutAcknowledged):
+            self.acknowledged = True
+        elif not isinstance(event, AttemptFenced):  # AttemptFenced is audit only: AttemptStarted moved the epoch
+            raise StateFoldError(f"rollout {self.rollout_id}: no rule to apply a {type(event).__name__}")
+
+    def starts_over(self, event: AttemptStarted) -> bool:
+        """Whether ``event`` begins the conversation again from turn 0 (the restart decision's record)."""
+        return event.resumed_from_turn == 0 and (self.next_turn > 0 or self.model_calls > 0)
+
+    # -- one rule per event type; subclasses extend them ------------------------------
+    def _on_attempt(self, event: AttemptStarted) -> None:
+        if self.starts_over(event):
+            self.restarts += 1
+            self.next_turn, self.finished, self.reward = 0, False, None
+        self.attempt, self.epoch = event.header.attempt, event.header.epoch
+
+    def _on_model_call(self, event: ModelCall) -> None:
+        self.model_calls += 1
+        if event.policy_version not in self.policy_versions:
+            self.policy_versions.append(event.policy_version)
+
+    def _on_mutation(self, event: ResourceMutation) -> None:
+        self.mutation_count += 1
+
+    def _on_turn(self, event: TurnCompleted) -> None:
+        self.next_turn = event.header.turn + 1
+        if event.reward is not None:
+            self.reward = event.reward
+
+    def _on_finished(self, event: RolloutFinished) -> None:
+        self.finished, self.reward = True, event.reward
+
+    def header(self, writer: str, *, turn: int | None = None, attempt: int | None = None,
+               epoch: int | None = None) -> Header:
+        """The header of the next event (it takes seq ``next_seq``; applying the event moves on)."""
+        return Header(self.rollout_id, self.group_id, self.attempt if attempt is None else attempt,
+                      self.epoch if epoch is None else epoch, self.next_turn if turn is None else turn,
+                      self.next_seq, Header.now_ms(), writer)
 
 
-def full_prompt(head_tokens: np.ndarray, call: ModelCall) -> np.ndarray:
-    """A call's whole prompt: its parent's prompt+output up to ``prefix_len``, then the delta."""
-    return np.concatenate([head_tokens[: call.prefix_len], call.prompt_delta]).astype(np.int32)
+@dataclass
+class RolloutState(RolloutProgress):
+    """Everything an agent needs to run a rollout's next turn."""
+
+    messages: list[Message] = field(default_factory=list)
+    head_call_id: str | None = None
+    head_tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # prompt+output of the head
+    actions: list[str] = field(default_factory=list)
+    output_tokens: int = 0  # generated tokens so far (work accounting)
+    outcome: dict | None = None  # what the finished rollout produced (see agent.outcome_of)
+    resource_states: dict[str, bytes] = field(default_factory=dict)  # exports at the last snapshot, per resource
+    mutations_since_export: list[MutationRecord] = field(default_factory=list)  # to re-apply over those exports
+
+    def _on_attempt(self, event: AttemptStarted) -> None:
+        if self.starts_over(event):
+            self.head_call_id, self.head_tokens = None, np.zeros(0, dtype=np.int32)
+            self.actions, self.output_tokens, self.outcome = [], 0, None
+            self.resource_states, self.mutations_since_export = {}, []
+            self.messages = list(event.messages)
+        elif event.resumed_from_turn == 0 and event.messages:  # a fresh start: the conversation begins here
+            self.messages = list(event.messages)
+        super()._on_attempt(event)
+
+    def _on_model_call(self, event: ModelCall) -> None:
+        super()._on_model_call(event)
+        self.head_tokens = np.concatenate(
+            [self.head_tokens[: event.prefix_len], event.prompt_delta, event.output_ids]).astype(np.int32)
+        self.head_call_id = event.call_id
+        self.output_tokens += len(event.output_ids)
+
+    def _on_mutation(self, event: ResourceMutation) -> None:
+        super()._on_mutation(event)
+        self.mutations_since_export.append(mutation_record(event))
+
+    def _on_turn(self, event: TurnCompleted) -> None:
+        super()._on_turn(event)
+        self.messages.extend(event.messages)
+        self.actions.extend(event.actions)
+
+    def _on_finished(self, event: RolloutFinished) -> None:
+        super()._on_finished(event)
+        self.outcome = json.loads(event.result_json)
+
+    def record_exports(self, exports: dict[str, bytes]) -> None:
+        """A snapshot exported these resources: their earlier mutations are inside the
+        exports now, so restore imports the exports and re-applies only what follows."""
+        self.resource_states = dict(exports)
+        self.mutations_since_export = [m for m in self.mutations_since_export if m.resource_id not in exports]
+
+    # -- snapshot bytes --------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        doc = {
+            "format": SNAPSHOT_FORMAT,
+            "rollout_id": self.rollout_id, "group_id": self.group_id,
+            "attempt": self.attempt, "epoch": self.epoch,
+            "next_turn": self.next_turn, "next_seq": self.next_seq,
+            "finished": self.finished, "reward": self.reward, "acknowledged": self.acknowledged,
+            "restarts": self.restarts, "model_calls": self.model_calls, "mutation_count": self.mutation_count,
+            "policy_versions": self.policy_versions,
+            "messages": [[m.role, m.content] for m in self.messages],
+            "head_call_id": self.head_call_id,
+            "head_tokens": base64.b64encode(self.head_tokens.astype("<i4").tobytes()).decode(),
+            "actions": self.actions, "output_tokens": self.output_tokens, "outcome": self.outcome,
+            "resources": {k: base64.b64encode(v).decode() for k, v in self.resource_states.items()},
+            "mutations": [m.to_dict() for m in self.mutations_since_export],
+        }
+        return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: RecordLocation | None = None) -> RolloutState:
+        try:
+            doc = json.loads(zlib.decompress(data))
+        except (zlib.error, ValueError) as exc:
+            raise StateFoldError(f"snapshot at {where} is not a rollout state: {exc}") from exc
+        if doc.get("format") not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_V1):
+            raise StateFoldError(f"snapshot at {where} has format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT!r}")
+        try:
+            return cls._from_doc(doc)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise StateFoldError(f"snapshot at {where} lacks or mangles field {exc}; written by another version?") from exc
+
+    @classmethod
+    def _from_doc(cls, doc: dict[str, Any]) -> RolloutState:
+        ids = doc["spec"] if doc["format"] == _SNAPSHOT_FORMAT_V1 else doc
+        messages = [Message(r, c) for r, c in doc["messages"]]
+        return cls(
+            rollout_id=ids["rollout_id"], group_id=ids["group_id"], attempt=doc["attempt"], epoch=doc["epoch"],
+            next_turn=doc["next_turn"], next_seq=doc["next_seq"], finished=doc["finished"], reward=doc["reward"],
+            acknowledged=doc.get("acknowledged", False), restarts=doc.get("restarts", 0),
+            # 0.1.0 kept no counters: one call and (at most) one mutation per committed turn is its shape
+            model_calls=doc.get("model_calls", doc["next_turn"]), mutation_count=doc.get("mutation_count", 0),
+            policy_versions=list(doc.get("policy_versions", [])),
+            messages=messages, head_call_id=doc["head_call_id"],
+            head_tokens=np.frombuffer(base64.b64decode(doc["head_tokens"]), dtype="<i4").copy(),
+            actions=list(doc["actions"]), output_tokens=doc["output_tokens"], outcome=doc["outcome"],
+            resource_states={k: base64.b64decode(v) for k, v in doc["resources"].items()},
+            mutations_since_export=[MutationRecord.from_dict(m) for m in doc.get("mutations", [])],
+        )
 
 
-def fold(spec: RolloutSpec, history: RolloutHistory) -> FoldedRollout:
-    """The state after every committed, unfenced event of the rollout."""
+def restore_state(history: RolloutHistory, group_id: str = "") -> RolloutState:
+    """A rollout's state after every committed, unfenced event the journal holds:
+    its newest snapshot, then the events after it, applied in order.
+
+    Raises :class:`StateFoldError` (naming the record) when the events do not apply
+    in order, or when the snapshot stream knows a newer attempt than the events read:
+    a prefix was read, and continuing from it would reuse an epoch.
+    """
     if history.snapshot is not None:
         state = RolloutState.from_bytes(history.snapshot.state, history.snapshot.location)
-        state.attempt, state.epoch = history.snapshot.snapshot.header.attempt, history.snapshot.snapshot.header.epoch
     else:
-        state = RolloutState(spec)
-    mutations: list[MutationRecord] = []
-    restarted = False
+        first = history.events[0].event.header if history.events else None
+        state = RolloutState(history.rollout_id, first.group_id if first else group_id)
     for item in history.events:
-        event = item.event
-        h = event.header
-        if h.seq != state.next_seq and not isinstance(event, AttemptStarted):
-            raise StateFoldError(
-                f"rollout {spec.rollout_id}: expected seq {state.next_seq}, found {h.seq} at {item.location}; "
-                "a record is missing (see the read report)"
-            )
-        state.next_seq = max(state.next_seq, h.seq + 1)
-        if isinstance(event, AttemptStarted):
-            state.attempt, state.epoch = h.attempt, h.epoch
-            if event.resumed_from_turn == 0 and state.next_turn > 0:
-                state = dataclasses.replace(RolloutState(spec), attempt=h.attempt, epoch=h.epoch, next_seq=state.next_seq)
-                mutations.clear()
-                restarted = True
-        elif isinstance(event, ModelCall):
-            prompt = full_prompt(state.head_tokens, event)
-            state.head_tokens = np.concatenate([prompt, event.output_ids]).astype(np.int32)
-            state.head_call_id = event.call_id
-            state.output_tokens += len(event.output_ids)
-        elif isinstance(event, ResourceMutation):
-            mutations.append(mutation_record(event))
-        elif isinstance(event, TurnCompleted):
-            state.messages.extend(event.messages)
-            state.actions.extend(event.actions)
-            state.next_turn = h.turn + 1
-        elif isinstance(event, RolloutFinished):
-            state.finished, state.reward = True, event.reward
-            state.outcome = json.loads(event.result_json)
-    return FoldedRollout(state, mutations, restarted)
+        try:
+            state.apply(item.event)
+        except StateFoldError as exc:
+            raise StateFoldError(f"{exc} at {item.location}") from None
+    fence = history.fence
+    if fence is not None and fence.epoch > state.epoch:
+        raise StateFoldError(
+            f"rollout {history.rollout_id}: the snapshot stream holds attempt {fence.attempt} (epoch {fence.epoch}) "
+            f"at {fence.location}, but the events read reach epoch {state.epoch} only; the event log was read "
+            "incompletely (an open transaction holding it back?) or the attempt's record is lost")
+    return state

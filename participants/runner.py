@@ -12,27 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from journal.errors import ConfigurationError
-from journal.events import Header
+from journal.events import Header, RolloutAcknowledged, WorkloadRegistered
 from journal.journal import Journal
-from journal.snapshots import SnapshotDraft
 from journal.restore import RolloutHistory, load_rollouts
 
 from .agent import Agent, JournalSink, LiveRollout, NullSink, durable
 from .checkpoint import CoordinatedCheckpointer, StateExporter
 from .resource_server import InProcessExporter
 from .config import WorkloadConfig
-from .environments import make_environment
+from .environments import Environment, make_environment
 from .generation import GenerationBackend
 from .model import ModelParticipant
-from .resources import Recovery
-from .rollout_state import RolloutSpec, RolloutState, fold
+from .resources import Recovery, ResourceError
+from .rollout_state import RolloutSpec, RolloutState, StateFoldError, restore_state
 from .tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
@@ -58,6 +56,7 @@ class RolloutReport:
     reused_result: bool  # finished before; offered again from the journal
     outcome: dict | None = None
     acknowledged: bool = False  # the trainer took its result before this run: nothing to do
+    set_aside: str | None = None  # its journal could not be restored (why); the other rollouts ran
 
 
 @dataclass
@@ -73,8 +72,13 @@ class RunReport:
         return sum(r.turns_run_here for r in self.rollouts.values())
 
     def outcomes(self) -> dict[str, dict]:
-        """Outcome per rollout this run produced or offered again (acknowledged ones are gone)."""
-        return {rid: r.outcome for rid, r in sorted(self.rollouts.items()) if not r.acknowledged}
+        """Outcome per rollout this run produced or offered again (acknowledged and set-aside ones have none)."""
+        return {rid: r.outcome for rid, r in sorted(self.rollouts.items()) if not r.acknowledged and not r.set_aside}
+
+    @property
+    def set_aside(self) -> dict[str, str]:
+        """Rollouts whose journal could not be restored, and why."""
+        return {rid: r.set_aside for rid, r in sorted(self.rollouts.items()) if r.set_aside}
 
 
 ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that turn is durable
@@ -109,28 +113,35 @@ class Runner:
         report = RunReport()
         started = time.perf_counter()
         histories: dict[str, RolloutHistory] = {}
-        registered = False
+        registration: WorkloadRegistered | None = None
+        specs = workload_specs(self.config)
         if self.journal is not None:
             plan = load_rollouts(self.journal)
             histories = plan.rollouts
+            registration = plan.workloads.get(self.config.name)
             report.restore_seconds, report.events_replayed = plan.seconds, plan.events_replayed
             report.read_errors = [str(e) for e in plan.report.errors]
-            registered = self._marker_id in histories
-            ours = {s.rollout_id for s in workload_specs(self.config)}
-            if not resume and (registered or ours & set(histories)):
+            if not resume and (registration is not None or {s.rollout_id for s in specs} & histories.keys()):
                 raise ConfigurationError(
                     f"journal {self.config.journal} already holds workload {self.config.name!r}; "
                     "use `rollout-journal resume` to continue it, or point --journal at a fresh location"
                 )
+        registered = set(registration.rollout_ids) if registration is not None else set()
         first_commits = []
-        for spec in workload_specs(self.config):
+        for spec in specs:
             history = histories.get(spec.rollout_id)
-            if history is None and registered:
+            if history is None and spec.rollout_id in registered:
                 # Registered, yet gone from the snapshot stream: the trainer acknowledged it.
                 report.rollouts[spec.rollout_id] = RolloutReport(spec.rollout_id, 0, 0, 0, False, False,
                                                                  acknowledged=True)
                 continue
-            live, rollout_report, commit = self._prepare(spec, history)
+            try:
+                live, rollout_report, commit = self._prepare(spec, history)
+            except (StateFoldError, ResourceError) as exc:  # this rollout's journal is damaged: it alone waits
+                log.error("rollout %s set aside: %s", spec.rollout_id, exc)
+                report.rollouts[spec.rollout_id] = RolloutReport(spec.rollout_id, 0, 0, 0, False, False,
+                                                                 set_aside=str(exc))
+                continue
             report.rollouts[spec.rollout_id] = rollout_report
             if live is not None:
                 self.live[spec.rollout_id] = live
@@ -138,13 +149,13 @@ class Runner:
             if commit is not None:
                 first_commits.append(commit)
         await asyncio.gather(*first_commits)
-        if self.journal is not None and self.config.journaling and not registered:
-            await self._register_workload()
+        if self.journal is not None and self.config.journaling and registered != {s.rollout_id for s in specs}:
+            await self._register_workload(specs)  # after the first commits: a registered rollout has a snapshot
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def drive(live: LiveRollout) -> None:
             async with semaphore:
-                limit = (stop_after or {}).get(live.state.spec.rollout_id)
+                limit = (stop_after or {}).get(live.spec.rollout_id)
                 while not live.state.finished and (limit is None or live.state.next_turn < limit):
                     await self.agent.run_turn(live)
                 await self.agent.settle(live)
@@ -190,54 +201,60 @@ class Runner:
                 log.error("rollout task also failed: %r", other)
             raise first from None
 
-    @property
-    def _marker_id(self) -> str:
-        return f"workload:{self.config.name}"
+    async def _register_workload(self, specs: list[RolloutSpec]) -> None:
+        """Record the workload and every rollout id it holds. From then on a registered
+        rollout missing from the snapshot stream was acknowledged, and a rollout of the
+        workload that is not registered (the workload grew) has never started."""
+        registration = WorkloadRegistered(
+            self.config.name, self.config.model_dump_json(), [s.rollout_id for s in specs],
+            self.config.topology(), Header.now_ms(), self.config.writer)
+        await durable(self.journal.register_workload(registration))
 
-    async def _register_workload(self) -> None:
-        """Record that every rollout of the workload has been registered in the snapshot
-        stream. From then on a rollout missing from it was acknowledged, not unstarted."""
-        ids = [spec.rollout_id for spec in workload_specs(self.config)]
-        header = Header(self._marker_id, self._marker_id, 0, 0, 0, 0, Header.now_ms(), self.config.writer)
-        draft = SnapshotDraft(header, "registered", -1, json.dumps({"rollouts": ids}).encode())
-        await durable(self.journal.append([], draft))
+    def _new_environment(self, spec: RolloutSpec) -> Environment:
+        return make_environment(spec.environment, spec.rollout_id, spec.task_seed)
 
-    def _prepare(self, spec: RolloutSpec, history: RolloutHistory | None):
+    def _prepare(self, spec: RolloutSpec, history: RolloutHistory | None
+                 ) -> tuple[LiveRollout | None, RolloutReport, Awaitable[None] | None]:
         """The live rollout to drive (None if finished), its report entry, and its first commit."""
         if history is None:
-            live = LiveRollout(RolloutState(spec, writer=self.config.writer),
-                               make_environment(spec.environment, spec.rollout_id, spec.task_seed))
+            state = RolloutState(spec.rollout_id, spec.group_id)
+            live = LiveRollout(spec, state, self._new_environment(spec))
             events = self.agent.start_attempt(live, resumed_from_turn=0, reason="new rollout")
-            commit = self.agent.begin(live, events)
-            return live, RolloutReport(spec.rollout_id, 0, 0, 0, False, False), commit
-        folded = fold(spec, history)
-        state = folded.state
-        state.writer = self.config.writer
-        state.epoch, state.attempt = max(state.epoch, history.epoch), max(state.attempt, history.attempt)
+            return live, RolloutReport(spec.rollout_id, 0, 0, 0, False, False), self.agent.begin(live, events)
+        state = restore_state(history, spec.group_id)
+        self.states[spec.rollout_id] = state  # a finished result may still be acknowledged
         committed = state.next_turn
-        self.states[spec.rollout_id] = state
+        if state.acknowledged:  # the trainer took it (its snapshot tombstone may be lost; the event is not)
+            return None, RolloutReport(spec.rollout_id, committed, 0, 0, False, False, acknowledged=True), None
         if state.finished:
-            return None, RolloutReport(spec.rollout_id, committed, 0, 0, folded.restarted_from_zero, True, state.outcome), None
-        env = make_environment(spec.environment, spec.rollout_id, spec.task_seed)
-        restart = env.recovery is Recovery.RESTART_ONLY and state.next_turn > 0
+            return None, RolloutReport(spec.rollout_id, committed, 0, 0, False, True, state.outcome), None
+        env = self._new_environment(spec)
+        restart = env.recovery is Recovery.RESTART_ONLY and committed > 0
         if restart:
-            state = RolloutState(spec, attempt=state.attempt, epoch=state.epoch, next_seq=state.next_seq,
-                                 writer=self.config.writer)
             reason = f"restart from turn 0: environment {spec.environment!r} is restart_only"
         else:
-            for resource_id, exported in state.resource_states.items():
-                resource = env.resources.get(resource_id)
-                if resource is None:
-                    raise ConfigurationError(
-                        f"rollout {spec.rollout_id}: its snapshot holds resource {resource_id!r}, which environment "
-                        f"{spec.environment!r} does not have; was the workload's environment changed?")
-                resource.import_state(exported)
-            env.replay(folded.mutations)
-            reason = f"resume after crash at turn {state.next_turn}"
-        live = LiveRollout(state, env)
-        events = self.agent.start_attempt(live, resumed_from_turn=state.next_turn, reason=reason)
-        commit = self.agent.commit(events)
-        return live, RolloutReport(spec.rollout_id, committed, 0, 0, restart, False), commit
+            try:
+                self._rebuild(spec, state, env)
+            except BaseException:
+                env.close()
+                raise
+            reason = f"resume after crash at turn {committed}"
+        live = LiveRollout(spec, state, env)
+        events = self.agent.start_attempt(live, resumed_from_turn=0 if restart else committed, reason=reason)
+        return live, RolloutReport(spec.rollout_id, committed, 0, 0, restart, False), self.agent.commit(events)
+
+    @staticmethod
+    def _rebuild(spec: RolloutSpec, state: RolloutState, env: Environment) -> None:
+        """Bring a fresh environment to the rollout's committed state: import the
+        exports of its last snapshot, then re-apply the mutations journaled since."""
+        for resource_id, exported in state.resource_states.items():
+            resource = env.resources.get(resource_id)
+            if resource is None:
+                raise ConfigurationError(
+                    f"rollout {spec.rollout_id}: its snapshot holds resource {resource_id!r}, which environment "
+                    f"{spec.environment!r} does not have; was the workload's environment changed?")
+            resource.import_state(exported)
+        env.replay(state.mutations_since_export)
 
     async def acknowledge(self, rollout_ids: list[str], by: str = "trainer") -> None:
         """The trainer took these results: journal it and tombstone their snapshots."""
@@ -245,7 +262,12 @@ class Runner:
             for rid in rollout_ids:
                 self.live[rid].acknowledged.set()
             return
-        futures = [self.journal.acknowledge(self.states[rid].header(), by) for rid in rollout_ids]
+        futures = []
+        for rid in rollout_ids:
+            state = self.states[rid]
+            header = state.header(self.config.writer)
+            state.apply(RolloutAcknowledged(header, by))
+            futures.append(self.journal.acknowledge(header, by))
         for f in futures:
             await durable(f)
         for rid in rollout_ids:

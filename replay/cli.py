@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Iterable
 
 from journal.errors import RolloutJournalError
 
@@ -91,16 +92,28 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
         "results_offered_again": sum(r.reused_result for r in report.rollouts.values()),
         "restore_seconds": round(report.restore_seconds, 4),
         "run_seconds": round(report.run_seconds, 3),
-        "mean_reward": sum(r.outcome["reward"] for r in report.rollouts.values()) / max(1, len(report.rollouts)),
+        "mean_reward": mean_reward(report.outcomes().values()),
+        "acknowledged": sum(r.acknowledged for r in report.rollouts.values()),
+        "set_aside": report.set_aside,
     }
     if args.json:
         print(json.dumps(summary | {"outcomes": report.outcomes()}, indent=2))
     elif not args.progress_lines:
         print(f"{'resumed' if resume else 'ran'} {summary['rollouts']} rollouts in {summary['run_seconds']} s: "
               f"{summary['turns_run']} turns run, {summary['turns_reused']} committed turns reused, "
-              f"{summary['results_offered_again']} finished results offered again; mean reward "
-              f"{summary['mean_reward']:.3f}; journal {config.journal}")
-    return 0
+              f"{summary['results_offered_again']} finished results offered again, "
+              f"{summary['acknowledged']} already acknowledged; mean reward "
+              + ("-" if summary["mean_reward"] is None else f"{summary['mean_reward']:.3f}")
+              + f"; journal {config.journal}")
+    for rollout_id, why in report.set_aside.items():
+        print(f"rollout-journal: rollout {rollout_id} set aside (the others ran): {why}", file=sys.stderr)
+    return 1 if report.set_aside else 0
+
+
+def mean_reward(outcomes: Iterable[dict | None]) -> float | None:
+    """Mean reward of the outcomes this run holds (None when it holds none: all acknowledged)."""
+    rewards = [o["reward"] for o in outcomes if o is not None and o.get("reward") is not None]
+    return sum(rewards) / len(rewards) if rewards else None
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -125,9 +138,13 @@ def _inspect(args: argparse.Namespace) -> int:
             print(f"{'rollout':<24} {'group':<18} {'attempts':>8} {'turns':>6} {'calls':>6} {'mutations':>9}  status")
             for row in listing.rollouts.values():
                 status = ("acknowledged" if row.acknowledged else "finished") if row.finished else "running"
+                if row.rollout_id in listing.damaged:
+                    status = "damaged"
                 reward = f" reward {row.reward:.3f}" if row.reward is not None else ""
-                print(f"{row.rollout_id:<24} {row.group_id:<18} {row.attempts:>8} {row.turns:>6} "
-                      f"{row.model_calls:>6} {row.mutations:>9}  {status}{reward}")
+                print(f"{row.rollout_id:<24} {row.group_id:<18} {row.attempt:>8} {row.next_turn:>6} "
+                      f"{row.model_calls:>6} {row.mutation_count:>9}  {status}{reward}")
+            for rollout_id, why in listing.damaged.items():
+                print(f"note: rollout {rollout_id} is damaged: {why}", file=sys.stderr)
             problems = listing.report
         else:
             problems = ReadReport()

@@ -20,7 +20,7 @@ import yaml
 from journal.open import is_kafka_url, open_journal
 from journal.restore import load_rollouts
 from participants.config import WorkloadConfig
-from participants.rollout_state import fold
+from participants.rollout_state import restore_state
 from participants.runner import RunReport, workload_specs
 from participants.workload import run_workload
 
@@ -114,7 +114,7 @@ def journal_at_crash(config: WorkloadConfig) -> dict[str, tuple[int, bool]]:
         if history is None:
             out[rid] = (0, False)
             continue
-        state = fold(spec, history).state
+        state = restore_state(history, spec.group_id)
         out[rid] = (state.next_turn, state.finished)
     return out
 

@@ -15,49 +15,30 @@ from journal.events import (
     AttemptFenced, AttemptStarted, ModelCall, ResourceMutation, RolloutAcknowledged, RolloutFinished, TurnCompleted,
 )
 from journal.journal import Journal, ReadReport
-from participants.rollout_state import full_prompt
+from participants.rollout_state import RolloutProgress, StateFoldError, full_prompt
 from participants.tokenizer import ChatTokenizer
 
 
 @dataclass
-class RolloutSummary:
-    rollout_id: str
-    group_id: str
-    attempts: int = 0
-    turns: int = 0
-    model_calls: int = 0
-    mutations: int = 0
-    finished: bool = False
-    acknowledged: bool = False
-    reward: float | None = None
-
-
-@dataclass
 class JournalListing:
-    rollouts: dict[str, RolloutSummary] = field(default_factory=dict)
+    rollouts: dict[str, RolloutProgress] = field(default_factory=dict)
+    damaged: dict[str, str] = field(default_factory=dict)  # rollout -> why its events do not apply in order
     report: ReadReport = field(default_factory=ReadReport)
 
 
 def list_rollouts(journal: Journal) -> JournalListing:
-    """One pass over the whole journal (fenced, lenient: bad records are reported, not fatal)."""
+    """One pass over the whole journal (fenced, lenient: bad records are reported, not fatal).
+    Each rollout's events are applied to its ``RolloutProgress``, exactly as restore does."""
     listing = JournalListing()
     for item in journal.scan(listing.report):
-        event, h = item.event, item.event.header
-        row = listing.rollouts.setdefault(h.rollout_id, RolloutSummary(h.rollout_id, h.group_id))
-        if isinstance(event, AttemptStarted):
-            row.attempts = max(row.attempts, h.attempt)
-            if event.resumed_from_turn == 0:
-                row.turns = 0
-        elif isinstance(event, TurnCompleted):
-            row.turns = h.turn + 1
-        elif isinstance(event, ModelCall):
-            row.model_calls += 1
-        elif isinstance(event, ResourceMutation):
-            row.mutations += 1
-        elif isinstance(event, RolloutFinished):
-            row.finished, row.reward = True, event.reward
-        elif isinstance(event, RolloutAcknowledged):
-            row.acknowledged = True
+        h = item.event.header
+        if h.rollout_id in listing.damaged:
+            continue
+        row = listing.rollouts.setdefault(h.rollout_id, RolloutProgress(h.rollout_id, h.group_id))
+        try:
+            row.apply(item.event)
+        except StateFoldError as exc:
+            listing.damaged[h.rollout_id] = f"{exc} at {item.location}"
     return listing
 
 

@@ -185,7 +185,7 @@ class JournalConformance:
         plan = load_rollouts(journal)
         history = plan.rollouts["r1"]
         assert history.snapshot.state == b"a1"
-        assert history.epoch == 2 and history.attempt == 2
+        assert (history.fence.epoch, history.fence.attempt) == (2, 2)
         assert [e.event.header.seq for e in history.events] == [2]
         assert any("zombie" in str(e) for e in plan.report.errors)
 

@@ -17,7 +17,7 @@ from journal.open import open_journal
 from journal.restore import load_rollouts
 from participants.config import WorkloadConfig
 from participants.resources import verify_chain
-from participants.rollout_state import fold, mutation_record
+from participants.rollout_state import mutation_record, restore_state
 from participants.runner import RunReport, workload_specs
 from participants.workload import run_workload
 
@@ -84,7 +84,7 @@ def journal_turns(config: WorkloadConfig) -> dict[str, tuple[int, bool]]:
     out = {}
     for spec in workload_specs(config):
         history = plan.rollouts.get(spec.rollout_id)
-        state = fold(spec, history).state if history else None
+        state = restore_state(history, spec.group_id) if history else None
         out[spec.rollout_id] = (state.next_turn, state.finished) if state else (0, False)
     return out
 

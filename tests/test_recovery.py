@@ -136,7 +136,7 @@ def test_a_zombie_attempt_is_refused_by_the_journal_and_by_resources(journal_loc
         with pytest.raises(StaleEpochError):
             await zombie.agent.run_turn(zombie_live)
         # ...and its journal writes: refused outright by a journal that knows the fence,
-        stale = TurnCompleted(zombie_live.state.header(), [Message("assistant", "zombie")], [], {}, None, ["zombie()"])
+        stale = TurnCompleted(zombie_live.state.header("worker-0"), [Message("assistant", "zombie")], [], {}, None, ["zombie()"])
         with pytest.raises(FencedWriteError):
             journal.append([stale])
         # ...and dropped by every reader when written from a process that does not know it.

@@ -11,15 +11,17 @@ import schemas
 from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
-    AttemptFenced, BlobChunk, BlobRef, ModelCall, ResourceMutation, RolloutAcknowledged,
-    RolloutFinished, Snapshot,
+    AttemptFenced, AttemptStarted, BlobChunk, BlobRef, Message, ModelCall, ResourceMutation, RolloutAcknowledged,
+    RolloutFinished, Snapshot, WorkloadRegistered,
 )
 from tests.journal_conformance import header, model_call, started, turn_done
 
 WHERE = RecordLocation("test", 0, 0)
 
 SAMPLES = {
-    "AttemptStarted": started("r", 0, attempt=3, epoch=4),
+    "AttemptStarted": AttemptStarted(started("r", 0, attempt=3, epoch=4).header, 0, "topo", "new rollout",
+                                     [Message("system", "be brief"), Message("user", "task")], "max_turns 5 -> 6",
+                                     "r0@3"),
     "AttemptFenced": AttemptFenced(header("r", 1), 2, 3, "superseded by attempt 3"),
     "ModelCall": model_call("r", 2, tokens=1024),
     "ResourceMutation": ResourceMutation(header("r", 3), "r/mail", "mailbox", "send", '{"to":"a"}', "r:1:0",
@@ -29,7 +31,9 @@ SAMPLES = {
     "RolloutAcknowledged": RolloutAcknowledged(header("r", 6), "trainer-0"),
     "Snapshot": Snapshot(header("r", 7), "running", 6, 0, 123, b"state", "e" * 64, BlobRef("f" * 64, 10, 1)),
     "BlobChunk": BlobChunk("f" * 64, 0, 1, b"0123456789"),
+    "WorkloadRegistered": WorkloadRegistered("demo", '{"groups":2}', ["demo-g0-s0", "demo-g1-s0"], "t" * 16, 7, "w0"),
 }
+NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered")
 
 CASES = [(name, v) for name, versions in schemas.released_versions().items() for v in versions]
 
@@ -63,8 +67,8 @@ def test_packed_arrays_decode_as_views_without_copies() -> None:
     assert call.prompt_delta.base is not None
 
 
-@pytest.mark.parametrize(("name", "version"), [c for c in CASES if c[0] not in ("Snapshot", "BlobChunk")],
-                         ids=[f"{n}.v{v.version}" for n, v in CASES if n not in ("Snapshot", "BlobChunk")])
+@pytest.mark.parametrize(("name", "version"), [c for c in CASES if c[0] not in NOT_ROLLOUT_EVENTS],
+                         ids=[f"{n}.v{v.version}" for n, v in CASES if n not in NOT_ROLLOUT_EVENTS])
 def test_the_header_seq_is_read_without_decoding_every_kept_event_version(name: str, version) -> None:
     from journal.codec import peek_seq
     data = Codec().encode_with(SAMPLES[name], version)

@@ -1,0 +1,159 @@
+"""The rollout aggregate: one ``apply`` for the live path, restore and replay.
+
+These scenarios check that what restore (and every offline reader) derives from the
+journal is exactly what the live path held, and that one rollout's damaged journal,
+a grown workload or an acknowledged result never stops the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from journal import Message, TurnCompleted, load_rollouts, open_journal
+from participants.config import WorkloadConfig
+from participants.rollout_state import RolloutState, StateFoldError, restore_state
+from participants.runner import Runner, workload_specs
+from participants.workload import build_backend, open_workload_journal, run_workload
+from replay.cli import main as cli_main
+from tests.recovery_support import assert_identical, reference_outcomes
+
+
+def workload(tmp_path: Path, **overrides) -> WorkloadConfig:
+    base = dict(name="agg", groups=2, siblings=2, max_turns=5, environment="workplace", seed=11,
+                allow_early_submit=False, journal=str(tmp_path / "journal"), snapshot_every_turns=2)
+    return WorkloadConfig(**(base | overrides))
+
+
+def run_runner(config: WorkloadConfig, **run_args) -> Runner:
+    """Run (or resume) a workload and hand back the runner, to look at its live states."""
+
+    async def go() -> Runner:
+        backend = build_backend(config)
+        with open_workload_journal(config) as journal:
+            runner = Runner(config, journal, backend, backend.tokenizer)
+            await runner.run(**run_args)
+            return runner
+
+    return asyncio.run(go())
+
+
+def restored(config: WorkloadConfig) -> dict[str, RolloutState]:
+    with open_journal(config.journal, read_only=True) as journal:
+        plan = load_rollouts(journal)
+    return {rid: restore_state(history) for rid, history in plan.rollouts.items()}
+
+
+def same_state(live: RolloutState, again: RolloutState, *, same_exports: bool = True) -> None:
+    names = ["attempt", "epoch", "next_turn", "next_seq", "finished", "reward", "messages", "head_call_id",
+             "actions", "output_tokens", "outcome", "model_calls", "mutation_count", "policy_versions"]
+    if same_exports:  # restored from the same snapshot: the same exports and the same mutations after them
+        names += ["resource_states", "mutations_since_export"]
+    for name in names:
+        assert getattr(again, name) == getattr(live, name), name
+    assert np.array_equal(again.head_tokens, live.head_tokens)
+
+
+def test_what_restore_derives_is_what_the_live_path_held(tmp_path: Path) -> None:
+    config = workload(tmp_path)
+    specs = workload_specs(config)
+    stops = {spec.rollout_id: turns for spec, turns in zip(specs, (1, 2, 3, 5))}
+    runner = run_runner(config, resume=False, stop_after=stops)
+
+    again = restored(config)
+
+    assert set(again) == set(stops)
+    for rid, live in runner.states.items():
+        same_state(live, again[rid])
+
+
+def test_a_rollout_replayed_without_any_snapshot_keeps_its_task_prompt(tmp_path: Path) -> None:
+    """The first attempt journals the conversation it starts from, so a full replay
+    (no usable snapshot) rebuilds the system and task prompt, not just the turns."""
+    config = workload(tmp_path, groups=1, siblings=1, snapshot_every_turns=100)
+    (rid,) = (s.rollout_id for s in workload_specs(config))
+    runner = run_runner(config, resume=False, stop_after={rid: 3})
+    with open_journal(config.journal, read_only=True) as journal:
+        history = load_rollouts(journal).rollouts[rid]
+        history.events = list(journal.read_rollout(rid))  # every event from the first, as with no snapshot
+    history.snapshot = None
+
+    again = restore_state(history)
+
+    assert [m.role for m in again.messages[:2]] == ["system", "user"]
+    same_state(runner.states[rid], again, same_exports=False)
+    assert again.resource_states == {} and len(again.mutations_since_export) == again.mutation_count > 0
+
+
+def test_a_workload_that_grew_runs_its_new_rollouts(tmp_path: Path) -> None:
+    small = workload(tmp_path, groups=1)
+    run_workload(small, resume=False)
+    grown = small.model_copy(update={"groups": 2})
+    reference = reference_outcomes(grown)
+
+    resumed = run_workload(grown, resume=True)
+
+    new = [s.rollout_id for s in workload_specs(grown) if s.rollout_id not in {x.rollout_id for x in workload_specs(small)}]
+    assert new and all(resumed.rollouts[rid].turns_run_here == grown.max_turns for rid in new)
+    assert not any(resumed.rollouts[rid].acknowledged for rid in new)
+    assert_identical(resumed, reference)
+    with open_journal(grown.journal, read_only=True) as journal:
+        registered = load_rollouts(journal).workloads["agg"]
+    assert registered.rollout_ids == [s.rollout_id for s in workload_specs(grown)]
+
+
+def test_resume_with_an_acknowledged_rollout_prints_its_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = workload(tmp_path, groups=1)
+    first = workload_specs(config)[0].rollout_id
+
+    async def run_and_acknowledge() -> None:
+        backend = build_backend(config)
+        with open_workload_journal(config) as journal:
+            runner = Runner(config, journal, backend, backend.tokenizer)
+            await runner.run(resume=False)
+            await runner.acknowledge([first])
+
+    asyncio.run(run_and_acknowledge())
+    path = tmp_path / "workload.yaml"
+    path.write_text(yaml.safe_dump(config.model_dump()))
+
+    code = cli_main(["resume", str(path), "--json"])
+
+    summary = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert summary["acknowledged"] == 1 and summary["results_offered_again"] == config.siblings - 1
+    assert first not in summary["outcomes"]
+
+
+def test_a_rollout_whose_journal_does_not_fold_is_set_aside_and_the_others_resume(tmp_path: Path) -> None:
+    config = workload(tmp_path, groups=1, siblings=3)
+    a, b, c = (s.rollout_id for s in workload_specs(config))
+    reference = reference_outcomes(config)
+    run_workload(config, resume=False, stop_after={a: 1, b: 2, c: 3})  # a: one turn after its first snapshot
+    with open_journal(config.journal, read_only=True) as journal:
+        (last,) = [e.event for e in journal.read_rollout(a) if isinstance(e.event, TurnCompleted)][-1:]
+    with open_journal(config.journal, writer="vandal") as journal:  # a second record with a seq already used
+        journal.append_sync([TurnCompleted(last.header, [Message("assistant", "again")], [], {}, None, ["again()"])])
+
+    resumed = run_workload(config, resume=True)
+
+    assert set(resumed.set_aside) == {a} and "appears twice" in resumed.set_aside[a]
+    assert resumed.outcomes() == {rid: reference[rid] for rid in (b, c)}
+    with pytest.raises(StateFoldError):
+        restore_state(load_history(config, a))
+
+
+def load_history(config: WorkloadConfig, rollout_id: str):
+    with open_journal(config.journal, read_only=True) as journal:
+        return load_rollouts(journal).rollouts[rollout_id]
+
+
+def test_the_reference_and_a_journaled_run_agree(tmp_path: Path) -> None:
+    """Journaling off applies the same events: an uninterrupted journaled run equals it."""
+    config = workload(tmp_path, groups=1, siblings=2)
+    assert_identical(run_workload(config, resume=False), reference_outcomes(config))
