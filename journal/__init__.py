@@ -44,6 +44,7 @@ from .events import (
     SamplingParams,
     Snapshot,
     TurnCompleted,
+    WorkloadRegistered,
 )
 from .fencing import EpochFence, FencedEventDropped
 from .file_backend import FileBackend
@@ -72,5 +73,5 @@ __all__ = [
     "ProducerFencedError", "ReadReport", "Record", "RecordLocation", "ResourceMutation", "RestorePlan",
     "RolloutAcknowledged", "RolloutEvent", "RolloutFinished", "RolloutHistory", "RolloutJournalError",
     "SamplingParams", "Snapshot", "SnapshotDraft", "StoredRecord", "Stream", "TurnCompleted", "UnknownSchemaError",
-    "WriterLockedError", "is_kafka_url", "load_rollouts", "open_backend", "open_journal", "partition_for",
+    "WorkloadRegistered", "WriterLockedError", "is_kafka_url", "load_rollouts", "open_backend", "open_journal", "partition_for",
 ]

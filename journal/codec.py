@@ -1,9 +1,13 @@
 """Avro single-object encoding of journal records.
 
 Wire format (Avro spec): ``C3 01`` + 8-byte little-endian CRC-64-AVRO
-fingerprint of the writer schema + the Avro binary body. The fingerprint names
-the writer schema without a registry; the reader resolves any kept writer
-version to the current reader schema of that record type.
+fingerprint of the writer schema's Parsing Canonical Form + the Avro binary
+body, exactly as Avro's own single-object encoders write it (any Avro
+implementation given ``SchemaVersion.schema_json`` decodes the journal). The
+fingerprint names the writer schema without a registry; the reader resolves
+any kept writer version to the current reader schema of that record type.
+Records written by 0.1.0 carry non-standard fingerprints (``schemas.legacy``):
+they are read, never written.
 """
 
 from __future__ import annotations
@@ -164,13 +168,19 @@ class Codec:
                 raise RuntimeError(f"schema {versions[-1].path} has no event class in journal.events")
             self._current[cls] = versions[-1]
             for version in versions:
-                self._by_fingerprint[version.fingerprint] = (cls, version)
+                for fp in (version.fingerprint, version.legacy_fingerprint):  # legacy: journals written by 0.1.0
+                    if fp is None:
+                        continue
+                    other = self._by_fingerprint.setdefault(fp, (cls, version))[1]
+                    if other is not version:
+                        raise RuntimeError(f"schemas {other.path} and {version.path} share fingerprint {fp.hex()}")
 
     def encode(self, record: Record) -> bytes:
         return self.encode_with(record, self._current[type(record)])
 
     def encode_with(self, record: Record, version: SchemaVersion) -> bytes:
-        """Encode with a given (possibly old) writer schema; fields it lacks are dropped."""
+        """Encode with a given (possibly old) writer schema, under its standard
+        fingerprint; fields it lacks are dropped."""
         buf = io.BytesIO()
         buf.write(MAGIC + version.fingerprint)
         schemaless_writer(buf, version.parsed, _ENCODERS[type(record)](record))

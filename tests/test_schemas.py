@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
+from fastavro import parse_schema
+from fastavro.schema import to_parsing_canonical_form
 
 import schemas
 from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
-    AttemptFenced, AttemptStarted, BlobChunk, BlobRef, Message, ModelCall, ResourceMutation, RolloutAcknowledged,
-    RolloutFinished, Snapshot, WorkloadRegistered,
+    AttemptFenced, AttemptStarted, BlobChunk, BlobRef, Header, Message, ModelCall, Record, ResourceMutation,
+    RolloutAcknowledged, RolloutFinished, Snapshot, TurnCompleted, WorkloadRegistered,
 )
+from schemas.legacy import FINGERPRINTS_0_1_0, fingerprint_by_the_0_1_0_rule
 from tests.journal_conformance import header, model_call, started, turn_done
 
 WHERE = RecordLocation("test", 0, 0)
@@ -34,6 +38,7 @@ SAMPLES = {
     "WorkloadRegistered": WorkloadRegistered("demo", '{"groups":2}', ["demo-g0-s0", "demo-g1-s0"], "t" * 16, 7, "w0"),
 }
 NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered")
+NO_HEADER = ("BlobChunk", "WorkloadRegistered")
 
 CASES = [(name, v) for name, versions in schemas.released_versions().items() for v in versions]
 
@@ -73,3 +78,87 @@ def test_the_header_seq_is_read_without_decoding_every_kept_event_version(name: 
     from journal.codec import peek_seq
     data = Codec().encode_with(SAMPLES[name], version)
     assert peek_seq(data) == SAMPLES[name].header.seq
+
+
+# Avro Java's SchemaNormalization.parsingFingerprint64 of each released version's
+# self-contained schema, in wire order (tests/test_avro_java.py asks Java itself).
+# A released schema's fingerprint never changes: journals on disk name it.
+STANDARD_FINGERPRINTS = {
+    ("AttemptFenced", 1): "aab84780fdbd70e3",
+    ("AttemptStarted", 1): "00d1dbb059e6d92b",
+    ("BlobChunk", 1): "b7045a2445318d95",
+    ("ModelCall", 1): "0dec6cc675ea20f4",
+    ("ResourceMutation", 1): "3a650556da1445d9",
+    ("RolloutAcknowledged", 1): "4b4e2c5760e825c3",
+    ("RolloutFinished", 1): "caf0371a1cc2cc5b",
+    ("Snapshot", 1): "c66d6e0015f3cda9",
+    ("TurnCompleted", 1): "ec45046c9a4afcfd",
+    ("TurnCompleted", 2): "c4cd42f10bd0cb34",
+    ("AttemptStarted", 2): "ad1d369e704c5ce1",
+    ("WorkloadRegistered", 1): "7149c706c2430d14",
+}
+VERSIONS = {(v.record, v.version): v for _, v in CASES}
+
+
+@pytest.mark.parametrize("key", list(STANDARD_FINGERPRINTS), ids=[f"{n}.v{v}" for n, v in STANDARD_FINGERPRINTS])
+def test_the_fingerprint_is_the_standard_one_avro_implementations_compute(key: tuple[str, int]) -> None:
+    assert VERSIONS[key].fingerprint.hex() == STANDARD_FINGERPRINTS[key]
+
+
+def test_the_self_contained_schema_parses_alone_and_writes_each_named_type_once() -> None:
+    for _, version in CASES:
+        parsed = parse_schema(json.loads(version.schema_json), named_schemas={})  # no shared types to lean on
+        assert to_parsing_canonical_form(parsed) == to_parsing_canonical_form(version.parsed)
+        assert version.schema_json.count('"name": "Header"') == (0 if version.record in NO_HEADER else 1)
+
+
+def test_the_0_1_0_table_is_what_the_0_1_0_rule_computed() -> None:
+    for (record, number), fp in FINGERPRINTS_0_1_0.items():
+        assert fingerprint_by_the_0_1_0_rule(VERSIONS[record, number].path) == fp, f"{record}.v{number}"
+
+
+RELEASED_IN_0_1_0 = [(n, v) for n, v in CASES if (n, v.version) in FINGERPRINTS_0_1_0]
+
+
+@pytest.mark.parametrize(("name", "version"), RELEASED_IN_0_1_0, ids=[f"{n}.v{v.version}" for n, v in RELEASED_IN_0_1_0])
+def test_a_record_with_its_0_1_0_fingerprint_still_decodes(name: str, version: schemas.SchemaVersion) -> None:
+    codec = Codec()
+    assert version.legacy_fingerprint == FINGERPRINTS_0_1_0[name, version.version]
+    written = codec.encode_with(SAMPLES[name], version)
+    as_0_1_0_wrote_it = MAGIC + version.legacy_fingerprint + written[10:]  # schema files are frozen: same body
+    assert codec.decode(as_0_1_0_wrote_it, WHERE) == codec.decode(written, WHERE)
+
+
+HEADER = Header("rollout-7", "group-1", 2, 3, 4, 17, 1764000000000, "worker-0")
+# Bytes rollout-journal 0.1.0 wrote (its own codec, commit ef5c7df) for these two records.
+WRITTEN_BY_0_1_0 = [
+    (("c3014ac57d493a8b2b8d12726f6c6c6f75742d370e67726f75702d310406082280a0bfe9d66610776f726b65722d3008"
+      "10746f706f2d61626324726573756d65206166746572206372617368"),
+     AttemptStarted(HEADER, 4, "topo-abc", "resume after crash")),
+    (("c301b500b96dae80643e12726f6c6c6f75742d370e67726f75702d310406082280a0bfe9d66610776f726b65722d3002"
+      "12617373697374616e740e6c73202f746d70000222726f6c6c6f75742d372d63616c6c2d313600020466730a00020000"
+      "00000000e03f02106c73282f746d702900"),
+     TurnCompleted(HEADER, [Message("assistant", "ls /tmp")], ["rollout-7-call-16"], {"fs": 5}, 0.5, ["ls(/tmp)"])),
+]
+
+
+@pytest.mark.parametrize(("hex_bytes", "record"), WRITTEN_BY_0_1_0, ids=["AttemptStarted.v1", "TurnCompleted.v2"])
+def test_a_journal_record_written_by_0_1_0_decodes_and_is_rewritten_with_the_standard_fingerprint(
+        hex_bytes: str, record: Record) -> None:
+    codec = Codec()
+    old = bytes.fromhex(hex_bytes)
+    assert codec.decode(old, WHERE) == record
+    (written_with,) = [v for _, v in CASES if v.legacy_fingerprint == old[2:10]]
+    new = codec.encode_with(record, written_with)
+    assert new[10:] == old[10:] and new[2:10] == written_with.fingerprint != old[2:10]
+
+
+def test_a_shared_type_is_written_out_at_its_first_use_only() -> None:
+    record = {"type": "record", "name": "Pair", "namespace": "rollout_journal", "fields": [
+        {"name": "first", "type": "rollout_journal.Header"},
+        {"name": "second", "type": ["null", "Header"]},  # relative to the enclosing namespace: the same type
+    ]}
+    written = schemas.self_contained(record, schemas.shared_types())
+    assert written["fields"][0]["type"]["name"] == "Header" and written["fields"][0]["type"]["fields"]
+    assert written["fields"][1]["type"] == ["null", "Header"]
+    assert to_parsing_canonical_form(parse_schema(written, named_schemas={})).count('"fields"') == 2
