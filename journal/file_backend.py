@@ -25,6 +25,18 @@ offsets it is monotonic but not contiguous. The per-frame CRC lets a reader
 detect a corrupt record, report it by file and position, and resynchronise on
 the next valid frame.
 
+Torn tail or damage. Only the bytes after the log's last readable COMMIT frame,
+and that last commit itself when its batch fails its CRC (a power loss landed
+the marker before an earlier page), are a torn tail: readers withhold them and
+the writer cuts them on open. Anything else is damage, reported and never cut:
+
+- a committed batch that fails its CRC (or whose commit marker is unreadable)
+  with a readable commit after it: readers step over the whole batch and report
+  it as one bad record naming the segment, its position and the rollouts whose
+  records it holds; the writer logs it on open and keeps every later commit;
+- a sealed segment shorter than the next segment's base offset says (a file cut
+  short): readers report the first missing offset; the writer logs it on open.
+
 Snapshots live apart from events so that reading the snapshot stream (every
 restore does) costs the size of the live snapshot set, not of the history.
 Compaction writes the newest two values of each live key, in their original
@@ -37,6 +49,7 @@ from __future__ import annotations
 
 import fcntl
 import io
+import itertools
 import logging
 import os
 import struct
@@ -46,7 +59,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, compacted
-from .errors import ConfigurationError, JournalError, RecordLocation, WriterLockedError
+from .errors import (
+    ConfigurationError,
+    JournalError,
+    RecordLocation,
+    WriterLockedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +147,9 @@ def _parse(data: bytes, pos: int, base: int) -> _Frame:
     if start + body_len > len(data):
         return _Frame(where, 0, "", None, where, error=f"truncated frame body (needs {body_len} bytes)")
     body = data[start:start + body_len]
-    if zlib.crc32(bytes((type_,)) + body) != crc:
-        return _Frame(where, type_, "", None, where, error="CRC mismatch")
+    if zlib.crc32(bytes((type_,)) + body) != crc:  # the key may be damaged too: named, as unverified
+        key = body[:key_len].decode(errors="replace")[:80]
+        return _Frame(where, type_, "", None, where, error=f"CRC mismatch (record key {key!r}, unverified)")
     try:
         key = body[:key_len].decode()
     except UnicodeDecodeError:
@@ -177,6 +196,81 @@ def _batch_intact(data: bytes, base: int, commit: _Frame, mark: CommitMark) -> b
     if mark.batch_start < base:
         return True  # the batch began before the bytes we read: only a log's last batch can be torn
     return zlib.crc32(data[mark.batch_start - base:commit.position - base]) == mark.batch_crc
+
+
+def _mark_of(frame: _Frame) -> CommitMark | None:
+    """What a readable COMMIT frame commits; None for any other frame."""
+    if frame.error is not None or frame.type != COMMIT:
+        return None
+    try:
+        return CommitMark.decode(frame.value)
+    except JournalError:
+        return None
+
+
+def _damage(position: int, frames: Sequence[_Frame], what: str) -> _Frame:
+    """One error frame for a run of records stepped over: where, whose (the frames' keys), why."""
+    keys = sorted({f.key for f in frames if f.error is None and f.key})
+    whose = f" (records of rollouts {', '.join(keys)})" if keys else ""
+    causes = "; ".join(f"position {f.position}: {f.error}" for f in frames if f.error is not None)
+    return _Frame(position, 0, "", None, position, error=f"{what}{whose}{f' [{causes}]' if causes else ''}")
+
+
+def _failed_batch(commit: _Frame, batch: list[_Frame]) -> _Frame:
+    start = CommitMark.decode(commit.value).batch_start
+    return _damage(start, batch, f"the batch committed at position {commit.position} fails its CRC check; "
+                                 f"its {len(batch)} records are skipped")
+
+
+def _committed(data: bytes, base: int, next_base: int | None, *, aligned: bool = True) -> Iterator[_Frame]:
+    """The committed frames of one segment's bytes (``base`` = global offset of ``data[0]``),
+    in order, with one error frame for each piece of damage, stepped over whole.
+
+    ``next_base`` is where the next segment begins; None for the log's last segment, the
+    only place a torn tail can be: there a last commit whose batch fails its CRC and any
+    frames after the last commit are withheld silently (not committed, cut by the writer).
+    """
+    pending: list[_Frame] = []  # frames (and bad frames) since the last commit marker
+    suspect: tuple[_Frame, list[_Frame]] | None = None  # a commit whose batch fails its CRC, and that batch
+    good_end = base  # just past the last whole frame
+    for frame in _frames(data, base, aligned=aligned):
+        if frame.error is None:
+            good_end = frame.end
+        mark = _mark_of(frame)
+        if mark is None:
+            pending.append(frame)
+            continue
+        if suspect is not None:  # a commit follows it: not a torn tail but damage
+            yield _failed_batch(*suspect)
+            suspect = None
+        orphans = [f for f in pending if f.position < mark.batch_start]
+        batch = [f for f in pending if f.position >= mark.batch_start]
+        pending = []
+        if orphans:  # a batch whose own COMMIT frame is unreadable
+            yield _damage(orphans[0].position, orphans,
+                          f"{len(orphans)} frames before position {mark.batch_start} have no readable commit "
+                          "marker; skipped")
+        if _batch_intact(data, base, frame, mark):
+            yield from batch
+        else:
+            suspect = (frame, batch)
+    if next_base is None:
+        return  # a torn last batch, or one being written right now: not committed
+    end = base + len(data)
+    if suspect is not None:
+        yield _failed_batch(*suspect)
+    if end < next_base:
+        first_missing = pending[0].position if pending else good_end
+        yield _damage(first_missing, pending,
+                      f"sealed segment ends at position {end}, short of position {next_base} where the next "
+                      f"segment begins: the {next_base - first_missing} bytes from position {first_missing} on "
+                      "are lost (the file was cut short)")
+    elif pending:
+        yield _damage(pending[0].position, pending,
+                      f"{len(pending)} records at the end of a sealed segment have no commit marker; skipped")
+    if end > next_base:
+        yield _damage(next_base, [], f"sealed segment runs {end - next_base} bytes past position {next_base}, "
+                                     "where the next segment begins; the overlapping offsets are ambiguous")
 
 
 class FileBackend(Backend):
@@ -252,19 +346,23 @@ class FileBackend(Backend):
         return sorted(out)
 
     def _cut_torn_tail(self) -> CommitMark:
-        """Cut the newest segment back to its last commit whose batch is intact; that commit's mark."""
+        """Cut the torn tail of the newest segment (see the module docstring) and log any
+        damage before it, which stays; the mark of the last commit kept."""
         segments = self._segments()
         if not segments:
             return EMPTY
+        for (base, path), (next_base, _) in itertools.pairwise(segments):
+            if base + path.stat().st_size != next_base:  # only a damaged sealed segment is read here
+                self._log_damage(path, _committed(path.read_bytes(), base, next_base))
         base, path = segments[-1]
         data = path.read_bytes()
+        commits = [(frame, mark) for frame in _frames(data, base) if (mark := _mark_of(frame)) is not None]
         keep, mark = 0, None
-        for frame in _frames(data, base):
-            if frame.error is None and frame.type == COMMIT:
-                candidate = CommitMark.decode(frame.value)
-                if not _batch_intact(data, base, frame, candidate):
-                    break  # a torn batch: it and everything after it never fully reached the disk
-                keep, mark = frame.end - base, candidate
+        if commits and _batch_intact(data, base, *commits[-1]):
+            keep, mark = commits[-1][0].end - base, commits[-1][1]
+        elif len(commits) > 1:  # the last batch is torn (its marker landed, an earlier page did not)
+            keep, mark = commits[-2][0].end - base, commits[-2][1]
+        self._log_damage(path, _committed(data[:keep], base, None))
         if len(data) > keep:
             log.warning("file journal %s: cutting %d uncommitted bytes at position %d (torn tail after a crash)",
                         path, len(data) - keep, base + keep)
@@ -273,17 +371,27 @@ class FileBackend(Backend):
                 os.fsync(f.fileno())
         return mark if mark is not None else self._last_commit_before(base)
 
+    def _log_damage(self, path: Path, frames: Iterator[_Frame]) -> None:
+        for frame in frames:
+            if frame.error is not None:
+                log.error("file journal %s: damage in %s at position %d: %s; readers step over it and the "
+                          "writer keeps every commit after it", self.root, path, frame.position, frame.error)
+
     def _last_commit_before(self, end: int) -> CommitMark:
-        for base, path in reversed(self._segments()):
+        segments = self._segments()
+        for base, path in reversed(segments):
             if base >= end:
                 continue
-            found = self._find_last_commit(path, base)
+            found = self._find_last_commit(path, base, last=path == segments[-1][1])
             if found is not None:
                 return found
         return EMPTY
 
-    def _find_last_commit(self, path: Path, base: int) -> CommitMark | None:
-        """The mark of the segment's last COMMIT whose batch is intact, searching backwards."""
+    @staticmethod
+    def _find_last_commit(path: Path, base: int, *, last: bool) -> CommitMark | None:
+        """The mark of the segment's last readable COMMIT frame, searching backwards. In the
+        log's ``last`` segment, a last commit whose batch fails its CRC is a torn tail: the
+        commit before it counts."""
         size = path.stat().st_size
         window = _TAIL_SCAN
         with open(path, "rb") as f:
@@ -291,18 +399,22 @@ class FileBackend(Backend):
                 start = max(0, size - window)
                 f.seek(start)
                 data = f.read(size - start)
-                pos = len(data)
+                pos, torn = len(data), False
                 while (pos := data.rfind(FRAME_MAGIC + bytes((COMMIT,)), 0, pos)) >= 0:
                     frame = _parse(data, pos, base + start)
-                    if frame.error is None and frame.type == COMMIT:
-                        mark = CommitMark.decode(frame.value)
-                        if mark.batch_start >= base + start and _batch_intact(data, base + start, frame, mark):
-                            return mark
-                        if mark.batch_start >= base + start:
-                            continue  # torn: look for the commit before it
+                    mark = _mark_of(frame)
+                    if mark is None:
+                        continue
+                    if not last or torn:
+                        return mark
+                    if mark.batch_start < base + start:
                         break  # the batch starts before this window: widen it
-                if start == 0 and pos < 0:
-                    return None
+                    if _batch_intact(data, base + start, frame, mark):
+                        return mark
+                    torn = True
+                else:
+                    if start == 0:
+                        return None
                 window *= 4
 
     def _open_active(self) -> None:
@@ -459,37 +571,19 @@ class FileBackend(Backend):
 
     # -- reading -----------------------------------------------------------
     def _committed_frames(self, from_offset: int) -> Iterator[tuple[Path, _Frame]]:
-        """Event frames whose batch has an intact commit marker, with their segment; bad
-        frames are passed through at once. A batch whose CRC fails is withheld if it is
-        the log's last (a torn tail the writer will cut) and reported otherwise."""
-        pending: list[tuple[Path, _Frame]] = []
+        """Event frames whose batch has an intact commit marker, with their segment, and an
+        error frame for each piece of damage (see ``_committed``)."""
         segments = self._segments()
         for i, (base, path) in enumerate(segments):
-            if i + 1 < len(segments) and segments[i + 1][0] <= from_offset:
+            next_base = segments[i + 1][0] if i + 1 < len(segments) else None
+            if next_base is not None and next_base <= from_offset:
                 continue
             skip = max(0, from_offset - base)  # read from the offset, not the segment's start
             with open(path, "rb") as f:
                 f.seek(skip)
                 data = f.read()  # bounded by segment_bytes: one read beats many small ones
-            base += skip
-            frames = _frames(data, base, aligned=skip == 0)
-            for frame in frames:
-                if frame.error is not None:
-                    yield path, frame
-                elif frame.type != COMMIT:
-                    pending.append((path, frame))
-                elif _batch_intact(data, base, frame, CommitMark.decode(frame.value)):
-                    yield from pending
-                    pending.clear()
-                elif i + 1 == len(segments) and frame.end == base + len(data):
-                    return  # the torn last batch: not committed
-                else:
-                    yield path, _Frame(frame.position, COMMIT, "", None, frame.end,
-                                       error=f"commit at {frame.position} covers a batch that fails its CRC; "
-                                             f"{len(pending)} records of it are reported as they are")
-                    yield from pending
-                    pending.clear()
-        # records still pending belong to a batch being written now (or a torn tail): not committed
+            for frame in _committed(data, base + skip, next_base, aligned=skip == 0):
+                yield path, frame
 
     @staticmethod
     def _stored(path: Path, frame: _Frame) -> StoredRecord:

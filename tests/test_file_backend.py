@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -10,13 +11,33 @@ import pytest
 from journal.backend import OutRecord, Stream
 from journal.errors import CorruptRecordError, WriterLockedError
 from journal.file_backend import FileBackend
-from journal.journal import Journal, ReadReport
+from journal.journal import Cursor, Journal, ReadReport
 from journal.snapshots import SnapshotDraft
 from tests.journal_conformance import header, model_call, started, turn_done
 
 
 def _segment(root: Path) -> Path:
     return sorted((root / "log").glob("*.seg"))[-1]
+
+
+def _flip(path: Path, position: int) -> None:
+    """Bit rot: one byte of a file on disk inverted."""
+    with open(path, "r+b") as f:
+        f.seek(position)
+        byte = f.read(1)
+        f.seek(position)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def _seqs(journal: Journal, rollouts: list[str], report: ReadReport) -> dict[str, list[int]]:
+    seqs: dict[str, list[int]] = {rid: [] for rid in rollouts}
+    for item in journal.read_rollouts({rid: Cursor() for rid in rollouts}, report):
+        seqs[item.event.header.rollout_id].append(item.event.header.seq)
+    return seqs
+
+
+def _errors_logged(caplog: pytest.LogCaptureFixture) -> str:
+    return "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
 
 
 def test_a_torn_tail_is_cut_on_open_and_committed_turns_stay(tmp_path: Path) -> None:
@@ -70,6 +91,7 @@ def test_a_segment_truncated_in_the_middle_is_reported_and_later_segments_read(t
         seqs = [e.event.header.seq for e in j.read_rollout("r1", report=report)]
     assert seqs == sorted(seqs) and seqs[0] == 0 and seqs[-1] == 11
     assert len(seqs) < 12, "records of the truncated half cannot come back"
+    assert len(report.errors) == 1  # and their loss is said
 
 
 def test_only_one_writer_at_a_time(tmp_path: Path) -> None:
@@ -170,3 +192,69 @@ def test_reading_snapshots_does_not_scan_the_event_history(tmp_path: Path) -> No
     log_bytes = sum(p.stat().st_size for p in (root / "log").glob("*.seg"))
     snap_bytes = sum(p.stat().st_size for p in (root / "snapshots").glob("*.snap"))
     assert snap_bytes * 100 < log_bytes  # restore reads only the small snapshot stream
+
+
+# -- damage in the middle of the log is reported, never cut (issue 7, items 1 and 2) ----------------
+
+def test_a_flipped_byte_mid_segment_is_reported_and_every_later_commit_survives_the_writer(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "j"
+    with Journal(FileBackend(root)) as j:
+        j.append_sync([started("alpha", 0), started("bravo", 0)])
+        damaged = j.append_sync([turn_done("alpha", 1), turn_done("bravo", 1)])
+        for seq in range(2, 6):
+            j.append_sync([turn_done("alpha", seq, turn=seq), turn_done("bravo", seq, turn=seq)])
+    segment = _segment(root)  # the active segment: the writer scans it on open
+    size = segment.stat().st_size
+    batch = damaged.locations[0].offset
+    _flip(segment, damaged.locations[1].offset + 20)  # inside bravo's record of the second commit
+
+    with caplog.at_level(logging.ERROR, logger="journal.file_backend"):
+        with Journal(FileBackend(root)) as j:
+            assert segment.stat().st_size == size, "the writer cut committed turns after the damage"
+            j.append_sync([turn_done("alpha", 6, turn=6)])
+    logged = _errors_logged(caplog)
+    assert str(segment) in logged and f"position {batch}" in logged and "alpha" in logged and "bravo" in logged
+
+    with Journal(FileBackend(root, read_only=True)) as j:
+        report = ReadReport()
+        seqs = _seqs(j, ["alpha", "bravo"], report)
+    assert seqs == {"alpha": [0, 2, 3, 4, 5, 6], "bravo": [0, 2, 3, 4, 5]}  # the bad batch, and only it, stepped over
+    (error,) = report.errors
+    assert str(segment) in str(error) and f"position {batch}" in str(error)
+    assert "alpha" in str(error) and "bravo" in str(error)
+
+
+def test_a_short_sealed_segment_is_reported_with_its_first_missing_offset_and_never_cut(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "j"
+    with Journal(FileBackend(root, segment_bytes=2048)) as j:
+        locations = [j.append_sync([model_call("r1", t, turn=t)]).locations[0] for t in range(12)]
+    segments = sorted((root / "log").glob("*.seg"))
+    assert len(segments) > 2
+    middle, following = segments[1], segments[2]
+    data = middle.read_bytes()
+    cut = len(data) // 2
+    middle.write_bytes(data[:cut])  # a sealed segment lost its second half
+    # each append is one commit; a record survives if its commit (which ends where the next record or
+    # segment begins) lies wholly before the cut
+    ends = [nxt.offset if nxt.source == loc.source else int(following.stem) for loc, nxt in zip(locations, locations[1:])]
+    lost = [loc.offset for loc, end in zip(locations, ends) if loc.source == str(middle) and end > int(middle.stem) + cut]
+    survivors = [t for t, loc in enumerate(locations) if loc.offset not in lost]
+
+    with Journal(FileBackend(root, read_only=True)) as j:
+        report = ReadReport()
+        assert _seqs(j, ["r1"], report) == {"r1": survivors}
+    (error,) = report.errors
+    assert str(middle) in str(error) and f"position {min(lost)}" in str(error) and str(int(following.stem)) in str(error)
+
+    sizes = {p: p.stat().st_size for p in segments}
+    with caplog.at_level(logging.ERROR, logger="journal.file_backend"):
+        with Journal(FileBackend(root, segment_bytes=2048)) as j:  # the writer reports it and cuts nothing
+            assert {p: p.stat().st_size for p in segments} == sizes
+            j.append_sync([model_call("r1", 12, turn=12)])
+    assert str(middle) in _errors_logged(caplog) and str(min(lost)) in _errors_logged(caplog)
+    with Journal(FileBackend(root, read_only=True)) as j:
+        report = ReadReport()
+        assert _seqs(j, ["r1"], report) == {"r1": [*survivors, 12]}
+        assert len(report.errors) == 1
