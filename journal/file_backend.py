@@ -42,7 +42,12 @@ restore does) costs the size of the live snapshot set, not of the history.
 Compaction writes the newest two values of each live key, in their original
 order, into generation ``gen + 1`` (tmp file, fsync, rename) and then commits
 that generation with a COMMIT frame of its own; a compaction the log never
-committed is discarded on open.
+committed is discarded on open. A compaction that fails (a full disk) leaves
+the journal as it was: the new file is removed, a COMMIT frame written part
+way is cut back, generation ``gen`` stays committed and open for appends. It
+is logged as an error and kept in ``compaction_error`` / ``compaction_failures``,
+and a commit retries it once the snapshot file has grown by another
+``min_compaction_bytes``.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from pathlib import Path
 from .backend import Backend, OutRecord, StoredRecord, Stream, compacted
 from .errors import (
     ConfigurationError,
+    FatalJournalError,
     JournalError,
     RecordLocation,
     WriterLockedError,
@@ -305,6 +311,10 @@ class FileBackend(Backend):
         self._snap_file = None
         self._last_mark = EMPTY
         self._frame_ends: dict[int, int] = {}  # event frame start -> end, for the last commit
+        self._broken: str | None = None  # why this writer can no longer commit safely
+        self.compaction_failures = 0  # snapshot compactions that failed (and changed nothing)
+        self.compaction_error: Exception | None = None  # why the last one failed; None once one succeeds
+        self._compaction_retry_at = 0  # snapshot length before which a failed compaction is not retried
         if read_only:
             if not self._log_dir.is_dir():
                 raise ConfigurationError(f"no file journal at {self.root} (missing {self._log_dir})")
@@ -476,6 +486,8 @@ class FileBackend(Backend):
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
         if self._active is None:
             raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot commit")
+        if self._broken is not None:
+            raise FatalJournalError(self._broken)
         event_frames: list[bytes] = []
         snap_frames: list[bytes] = []
         locations: list[RecordLocation] = []
@@ -506,11 +518,12 @@ class FileBackend(Backend):
         if self._end - self._active_base >= self.segment_bytes:
             self._roll_segment()
         grown = mark.snap_length - self._snap_compacted_size
-        if grown >= self.min_compaction_bytes and grown >= self.max_dirty_ratio * mark.snap_length:
+        if grown >= self.min_compaction_bytes and grown >= self.max_dirty_ratio * mark.snap_length \
+                and mark.snap_length >= self._compaction_retry_at:
             try:
                 self.compact_snapshots()
-            except OSError as exc:  # the commit above is durable; compaction can wait for the next one
-                log.error("file journal %s: snapshot compaction failed, will retry: %s", self.root, exc)
+            except Exception:  # logged and counted there; the batch above is durable, so this commit stands
+                self._compaction_retry_at = mark.snap_length + self.min_compaction_bytes
         return locations
 
     def _open_append(self, path: Path) -> io.FileIO:
@@ -529,9 +542,24 @@ class FileBackend(Backend):
 
     def _append_commit(self, batch: bytes, mark: CommitMark) -> None:
         data = batch + encode_frame(COMMIT, "", mark.encode())
-        self._write(self._active, data)
+        try:
+            self._write(self._active, data)
+        except BaseException:
+            self._cut_failed_write()
+            raise
         self._end += len(data)
         self._last_mark = mark
+
+    def _cut_failed_write(self) -> None:
+        """A write that failed part way (a full disk) leaves bytes no commit covers. Cut them
+        now: a later commit would turn them into damage in the middle of the log."""
+        try:
+            os.ftruncate(self._active.fileno(), self._end - self._active_base)
+            os.fsync(self._active.fileno())
+        except OSError as exc:
+            self._broken = (f"file journal {self.root}: a failed write left bytes past position {self._end} of "
+                            f"{self._active.name} that could not be cut ({exc}); reopen the journal to cut them")
+            log.error("%s", self._broken)
 
     def offset_after(self, location: RecordLocation) -> int:
         return self._frame_ends.get(location.offset, location.offset + 1)
@@ -545,29 +573,55 @@ class FileBackend(Backend):
     def compact_snapshots(self, keep_per_key: int = 2) -> None:
         """Write the next snapshot generation with the newest ``keep_per_key`` values of
         each live key, in their original order; tombstoned keys are dropped. Crash-safe:
-        tmp file, fsync, rename, then a COMMIT frame naming the new generation."""
-        skipped: list[StoredRecord] = []
-        latest = compacted(self.read_snapshots(), keep_per_key, skipped.append)
-        for record in skipped:
-            log.warning("file journal %s: compaction drops unreadable snapshot record at %s: %s",
-                        self.root, record.location, record.error)
-        kept = sorted((r for records in latest.values() for r in records), key=lambda r: r.location.offset)
-        generation = self._last_mark.snap_generation + 1
-        tmp = self._snap_path(generation).with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            for record in kept:
-                f.write(encode_frame(SNAPSHOT, record.key, record.value))
-            f.flush()
-            os.fsync(f.fileno())
-            length = f.tell()
-        os.replace(tmp, self._snap_path(generation))
-        self._fsync_dir(self._snap_dir)
+        tmp file, fsync, rename, then a COMMIT frame naming the new generation.
+
+        If it fails, nothing changed (see the module docstring): the error is logged,
+        counted in ``compaction_failures``, kept in ``compaction_error`` and raised."""
         old = self._snap_path(self._last_mark.snap_generation)
-        self._append_commit(b"", CommitMark(generation, length, self._end, zlib.crc32(b"")))
+        generation = self._last_mark.snap_generation + 1
+        path = self._snap_path(generation)
+        tmp = path.with_suffix(".tmp")
+        new_file = None
+        try:
+            skipped: list[StoredRecord] = []
+            latest = compacted(self.read_snapshots(), keep_per_key, skipped.append)
+            for record in skipped:
+                log.warning("file journal %s: compaction drops unreadable snapshot record at %s: %s",
+                            self.root, record.location, record.error)
+            kept = sorted((r for records in latest.values() for r in records), key=lambda r: r.location.offset)
+            with open(tmp, "wb") as f:
+                for record in kept:
+                    f.write(encode_frame(SNAPSHOT, record.key, record.value))
+                f.flush()
+                os.fsync(f.fileno())
+                length = f.tell()
+            os.replace(tmp, path)
+            self._fsync_dir(self._snap_dir)
+            new_file = self._open_append(path)  # opened before the commit: after it, nothing may fail
+            self._append_commit(b"", CommitMark(generation, length, self._end, zlib.crc32(b"")))
+        except Exception as exc:
+            if new_file is not None:
+                new_file.close()
+            for leftover in (tmp, path):  # the log never named them: as if the compaction never began
+                try:
+                    leftover.unlink(missing_ok=True)
+                except OSError as cleanup:
+                    log.warning("file journal %s: could not remove %s (%s); the next open removes it",
+                                self.root, leftover, cleanup)
+            self.compaction_failures += 1
+            self.compaction_error = exc
+            log.error("file journal %s: snapshot compaction into generation %d failed: %s; the journal is "
+                      "unchanged, generation %d stays committed, and compaction is retried later",
+                      self.root, generation, exc, generation - 1)
+            raise
         self._snap_file.close()
-        self._snap_file = self._open_append(self._snap_path(generation))
+        self._snap_file = new_file
         self._snap_compacted_size = length
-        old.unlink()
+        self.compaction_error = None
+        try:
+            old.unlink()
+        except OSError as exc:  # not committed any more: the next open removes it
+            log.warning("file journal %s: could not remove the old snapshot generation %s: %s", self.root, old, exc)
 
     # -- reading -----------------------------------------------------------
     def _committed_frames(self, from_offset: int) -> Iterator[tuple[Path, _Frame]]:

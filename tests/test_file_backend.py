@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import resource
+import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -258,3 +263,81 @@ def test_a_short_sealed_segment_is_reported_with_its_first_missing_offset_and_ne
         report = ReadReport()
         assert _seqs(j, ["r1"], report) == {"r1": [*survivors, 12]}
         assert len(report.errors) == 1
+
+
+# -- a failed compaction leaves the journal as it was (issue 7, item 3) ---------------------------
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """A real write failure: past ``limit`` bytes a write is cut short, then fails with EFBIG."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # or the kernel's SIGXFSZ kills the process
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def _snapshot_files(root: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((root / "snapshots").iterdir())}
+
+
+def _turn_with_snapshot(rollout: str, turn: int) -> tuple[list, SnapshotDraft]:
+    events = [model_call(rollout, 2 * turn, turn=turn, tokens=512), turn_done(rollout, 2 * turn + 1, turn=turn)]
+    return events, SnapshotDraft(header(rollout, 2 * turn + 1, turn=turn), "running", 2 * turn + 1, b"state %d" % turn)
+
+
+def test_a_compaction_whose_commit_marker_is_cut_short_leaves_the_journal_as_it_was(tmp_path: Path) -> None:
+    root = tmp_path / "j"
+    backend = FileBackend(root, min_compaction_bytes=1 << 40)
+    with Journal(backend) as j:
+        for turn in range(4):
+            j.append_sync(*_turn_with_snapshot("r1", turn))
+        segment = _segment(root)
+        size, snapshots = segment.stat().st_size, _snapshot_files(root)
+        assert sum(map(len, snapshots.values())) < size  # the compacted generation fits under the limit below
+        with _file_size_limit(size + 5):  # the new generation is written; its COMMIT frame lands 5 bytes, then EFBIG
+            with pytest.raises(OSError) as failure:
+                backend.compact_snapshots()
+        assert failure.value.errno == errno.EFBIG
+        assert segment.stat().st_size == size and _snapshot_files(root) == snapshots  # exactly as it was
+        assert backend.compaction_failures == 1 and backend.compaction_error is failure.value
+
+        j.append_sync(*_turn_with_snapshot("r1", 4))  # the writer goes on committing...
+        backend.compact_snapshots()  # ...and compacts later
+        assert backend.compaction_error is None
+        j.append_sync(*_turn_with_snapshot("r1", 5))
+    with Journal(FileBackend(root, read_only=True)) as j:
+        report = ReadReport()
+        assert _seqs(j, ["r1"], report) == {"r1": list(range(12))}
+        assert report.clean, report.errors
+        assert j.snapshots().snapshots["r1"].state == b"state 5"
+
+
+def test_a_failed_automatic_compaction_is_logged_counted_cleaned_up_and_retried(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "j"
+    backend = FileBackend(root, min_compaction_bytes=1, max_dirty_ratio=0.0)  # compact after every snapshot
+    with Journal(backend) as j:
+        j.append_sync(*_turn_with_snapshot("r1", 0))
+        snapshots = _snapshot_files(root)
+
+        def no_space(src: object, dst: object) -> None:  # fault injection: the rename hits a full disk
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "replace", no_space)
+        with caplog.at_level(logging.ERROR, logger="journal.file_backend"):
+            j.append_sync(*_turn_with_snapshot("r1", 1))  # the turn commits although its compaction fails
+        monkeypatch.undo()
+        assert str(root) in _errors_logged(caplog) and "No space left on device" in _errors_logged(caplog)
+        assert backend.compaction_failures == 1 and backend.compaction_error.errno == errno.ENOSPC
+        assert [n for n in _snapshot_files(root) if n not in snapshots] == [], "a half-done generation was left"
+        assert j.snapshots().snapshots["r1"].state == b"state 1"
+
+        j.append_sync(*_turn_with_snapshot("r1", 2))  # the next commit compacts
+        assert backend.compaction_error is None and backend.compaction_failures == 1
+        assert list(_snapshot_files(root)) != list(snapshots)
+    with Journal(FileBackend(root, read_only=True)) as j:
+        assert j.snapshots().snapshots["r1"].state == b"state 2"
