@@ -225,6 +225,11 @@ class Runner:
                                  writer=self.config.writer)
             reason = f"restart from turn 0: environment {spec.environment!r} is restart_only"
         else:
+            if history.snapshot is None or folded.restarted_from_zero:
+                # The system and task prompt are in a rollout's first snapshot, not in its events: folded
+                # without that snapshot (all of its snapshots lost or corrupt), it takes them from its task,
+                # as the live run did, before any mutation is re-applied.
+                state.messages[:0] = self.agent.initial_messages(env)
             for resource_id, exported in state.resource_states.items():
                 resource = env.resources.get(resource_id)
                 if resource is None:

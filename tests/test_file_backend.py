@@ -18,7 +18,11 @@ from journal.errors import CorruptRecordError, WriterLockedError
 from journal.file_backend import FileBackend
 from journal.journal import Cursor, Journal, ReadReport
 from journal.snapshots import SnapshotDraft
+from participants.config import WorkloadConfig
+from participants.runner import workload_specs
+from participants.workload import run_workload
 from tests.journal_conformance import header, model_call, started, turn_done
+from tests.recovery_support import assert_identical, reference_outcomes
 
 
 def _segment(root: Path) -> Path:
@@ -341,3 +345,21 @@ def test_a_failed_automatic_compaction_is_logged_counted_cleaned_up_and_retried(
         assert list(_snapshot_files(root)) != list(snapshots)
     with Journal(FileBackend(root, read_only=True)) as j:
         assert j.snapshots().snapshots["r1"].state == b"state 2"
+
+
+# -- restore without any snapshot --------------------------------------------------------------
+
+def test_a_rollout_whose_every_snapshot_is_corrupt_replays_from_its_first_event_identically(tmp_path: Path) -> None:
+    config = WorkloadConfig(name="wl", groups=1, siblings=2, max_turns=5, environment="workplace", seed=3,
+                            allow_early_submit=False, journal=str(tmp_path / "journal"), snapshot_every_turns=1)
+    a, b = (s.rollout_id for s in workload_specs(config))
+    reference = reference_outcomes(config)
+    run_workload(config, resume=False, stop_after={a: 3, b: 2})
+    with Journal(FileBackend(config.journal)) as j:  # both retained snapshots of `a` go bad
+        for _ in range(2):
+            j.backend.commit([OutRecord(Stream.SNAPSHOTS, a, b"\xc3\x01not a snapshot", a)])
+
+    resumed = run_workload(config, resume=True)
+
+    assert len(resumed.read_errors) == 2 and resumed.rollouts[a].turns_committed_before == 3
+    assert_identical(resumed, reference)  # its system and task prompt are not in its events
