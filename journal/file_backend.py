@@ -35,7 +35,12 @@ the writer cuts them on open. Anything else is damage, reported and never cut:
   it as one bad record naming the segment, its position and the rollouts whose
   records it holds; the writer logs it on open and keeps every later commit;
 - a sealed segment shorter than the next segment's base offset says (a file cut
-  short): readers report the first missing offset; the writer logs it on open.
+  short): readers report the first missing offset; the writer logs it on open;
+- a snapshot generation file that is missing or shorter than the log says: the
+  writer records the loss in ``snapshots/<gen>.lost``, starts a fresh generation
+  and commits it; ``damage()`` reports the loss from then on (a reader finds it
+  unrecorded too), and restore replays every rollout the event log names and
+  the snapshot stream does not from its first event.
 
 Snapshots live apart from events so that reading the snapshot stream (every
 restore does) costs the size of the live snapshot set, not of the history.
@@ -67,8 +72,10 @@ from .backend import Backend, OutRecord, StoredRecord, Stream, compacted
 from .errors import (
     ConfigurationError,
     FatalJournalError,
+    JournalDamageError,
     JournalError,
     RecordLocation,
+    SnapshotsLostError,
     WriterLockedError,
 )
 
@@ -444,6 +451,9 @@ class FileBackend(Backend):
     def _snap_generations(self) -> list[int]:
         return sorted(int(p.stem) for p in self._snap_dir.glob("*.snap")) if self._snap_dir.is_dir() else []
 
+    def _lost_path(self, generation: int) -> Path:
+        return self._snap_dir / f"{generation:010d}.lost"
+
     def _open_snapshots(self) -> None:
         """Keep exactly the committed snapshot generation, cut to its committed length."""
         mark = self._last_mark
@@ -451,21 +461,66 @@ class FileBackend(Backend):
         for generation in self._snap_generations():
             if generation != mark.snap_generation:  # older, or a compaction the log never committed
                 self._snap_path(generation).unlink()
-        if not path.exists():
-            if mark.snap_length:
-                raise ConfigurationError(
-                    f"file journal {self.root}: snapshot file {path} named by the log is missing; "
-                    "the journal directory was altered"
-                )
+        size = path.stat().st_size if path.exists() else None
+        if size is None and not mark.snap_length:
             path.touch()
-        if path.stat().st_size > mark.snap_length:
+            size = 0
+        if size is None or size < mark.snap_length:
+            self._start_after_lost_generation(mark, size)
+            return
+        if size > mark.snap_length:
             log.warning("file journal %s: cutting %d uncommitted snapshot bytes (torn tail after a crash)",
-                        path, path.stat().st_size - mark.snap_length)
+                        path, size - mark.snap_length)
             with open(path, "r+b") as f:
                 f.truncate(mark.snap_length)
                 os.fsync(f.fileno())
         self._snap_file = self._open_append(path)
         self._snap_compacted_size = mark.snap_length
+
+    def _start_after_lost_generation(self, mark: CommitMark, size: int | None) -> None:
+        """The committed snapshot generation is gone (or cut short): record the loss for good,
+        so every later restore knows to look in the event log, then start and commit an empty
+        generation. A crash half way repeats this on the next open."""
+        lost = self._snap_path(mark.snap_generation)
+        found = "missing" if size is None else f"{size} bytes long"
+        note = (f"snapshot generation {mark.snap_generation} ({lost}) was {found} although the log commits "
+                f"{mark.snap_length} bytes of it; found by writer pid {os.getpid()} at log offset {self._end}; "
+                "restore replays every rollout the snapshot stream lacks from the event log")
+        log.error("file journal %s: %s. Starting snapshot generation %d.", self.root, note, mark.snap_generation + 1)
+        record = self._lost_path(mark.snap_generation)
+        with open(record, "w") as f:
+            f.write(note + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        generation = mark.snap_generation + 1
+        self._snap_path(generation).touch()
+        self._fsync_dir(self._snap_dir)  # the record and the new file, before the log names the new file
+        self._snap_file = self._open_append(self._snap_path(generation))
+        self._append_commit(b"", CommitMark(generation, 0, self._end, zlib.crc32(b"")))
+        self._snap_compacted_size = 0
+        lost.unlink(missing_ok=True)
+
+    def damage(self) -> list[JournalDamageError]:
+        """Lost snapshot generations, recorded by a writer (``snapshots/<gen>.lost``) or, on a
+        reader, the committed one missing or short now."""
+        found: list[JournalDamageError] = []
+        lost_generations = set()
+        for record in sorted(self._snap_dir.glob("*.lost")) if self._snap_dir.is_dir() else []:
+            try:
+                generation, note = int(record.stem), record.read_text().strip()
+            except (OSError, ValueError) as exc:
+                generation, note = -1, f"unreadable loss record {record}: {exc}"
+            lost_generations.add(generation)
+            found.append(SnapshotsLostError(RecordLocation(str(self._snap_path(generation)), 0, 0), note))
+        if self._active is None:
+            mark, path, size = self._committed_snapshot()
+            if (size is None or size < mark.snap_length) and mark.snap_generation not in lost_generations:
+                state = "is missing" if size is None else f"holds {size} bytes"
+                found.append(SnapshotsLostError(RecordLocation(str(path), 0, 0), (
+                    f"snapshot generation {mark.snap_generation} {state} although the log commits "
+                    f"{mark.snap_length} bytes of it; restore replays every rollout the snapshot stream lacks "
+                    "from the event log (a writer opening the journal records the loss and starts a new generation)")))
+        return found
 
     def _roll_segment(self) -> None:
         self._active.close()
@@ -656,8 +711,22 @@ class FileBackend(Backend):
         segments = self._segments()
         return self._last_commit_before(segments[-1][0] + 1) if segments else EMPTY
 
+    def _committed_snapshot(self) -> tuple[CommitMark, Path, int | None]:
+        """The committed snapshot generation's mark, file and size (None: missing)."""
+        for _ in range(3):  # a concurrent writer's compaction may retire the file we were told of
+            mark = self._committed_mark()
+            path = self._snap_path(mark.snap_generation)
+            try:
+                return mark, path, path.stat().st_size
+            except FileNotFoundError:
+                if mark.snap_length == 0:
+                    return mark, path, 0
+        return mark, path, None
+
     def read_snapshots(self) -> Iterator[StoredRecord]:
-        for attempt in range(3):  # a concurrent writer's compaction may retire the file we were told of
+        """The committed snapshot generation's records. A lost one reads as what is left of
+        it (nothing, if it is missing); ``damage()`` says so."""
+        for _ in range(3):  # a concurrent writer's compaction may retire the file we were told of
             mark = self._committed_mark()
             path = self._snap_path(mark.snap_generation)
             try:
@@ -665,11 +734,7 @@ class FileBackend(Backend):
                     data = f.read(mark.snap_length)
                 break
             except FileNotFoundError:
-                if mark.snap_length == 0:
-                    return
-                if attempt == 2:
-                    raise JournalError(f"file journal {self.root}: snapshot file {path} named by the log "
-                                       "is missing") from None
+                data = b""
         for frame in _frames(data, 0):
             yield self._stored(path, frame)
 

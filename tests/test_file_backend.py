@@ -17,10 +17,12 @@ from journal.backend import OutRecord, Stream
 from journal.errors import CorruptRecordError, WriterLockedError
 from journal.file_backend import FileBackend
 from journal.journal import Cursor, Journal, ReadReport
+from journal.restore import load_rollouts
 from journal.snapshots import SnapshotDraft
 from participants.config import WorkloadConfig
 from participants.runner import workload_specs
 from participants.workload import run_workload
+from replay.cli import main as cli
 from tests.journal_conformance import header, model_call, started, turn_done
 from tests.recovery_support import assert_identical, reference_outcomes
 
@@ -363,3 +365,96 @@ def test_a_rollout_whose_every_snapshot_is_corrupt_replays_from_its_first_event_
 
     assert len(resumed.read_errors) == 2 and resumed.rollouts[a].turns_committed_before == 3
     assert_identical(resumed, reference)  # its system and task prompt are not in its events
+
+
+# -- a missing snapshot generation: replay the log instead (issue 7, item 23) ----------------------
+
+def _journal_with_snapshots(root: Path) -> None:
+    with Journal(FileBackend(root)) as j:
+        for rid in ("alpha", "bravo"):
+            j.append_sync([started(rid, 0)])
+            for turn in range(3):
+                j.append_sync(*_turn_with_snapshot_after_start(rid, turn))
+
+
+def _turn_with_snapshot_after_start(rollout: str, turn: int) -> tuple[list, SnapshotDraft]:
+    seq = 1 + 2 * turn
+    events = [model_call(rollout, seq, turn=turn), turn_done(rollout, seq + 1, turn=turn)]
+    return events, SnapshotDraft(header(rollout, seq + 1, turn=turn), "running", seq + 1, b"state %d" % turn)
+
+
+def _delete_snapshot_generation(root: Path) -> Path:
+    (snap,) = (root / "snapshots").glob("*.snap")
+    snap.unlink()
+    return snap
+
+
+def test_a_missing_snapshot_generation_falls_back_to_replaying_the_log(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = tmp_path / "j"
+    _journal_with_snapshots(root)
+    snap = _delete_snapshot_generation(root)
+
+    def restored() -> tuple[dict[str, list[int]], ReadReport]:
+        with Journal(FileBackend(root, read_only=True)) as j:
+            plan = load_rollouts(j)
+        assert all(h.snapshot is None for h in plan.rollouts.values())  # replayed from their first event
+        return {rid: [e.event.header.seq for e in h.events] for rid, h in plan.rollouts.items()}, plan.report
+
+    seqs, report = restored()  # a reader, before any writer reopened the journal
+    assert seqs == {"alpha": list(range(7)), "bravo": list(range(7))}
+    assert any(str(snap) in str(e) for e in report.errors)
+
+    with caplog.at_level(logging.ERROR, logger="journal.file_backend"):
+        with Journal(FileBackend(root)) as j:  # the writer opens it, says so and starts a fresh generation
+            j.append_sync([model_call("alpha", 7, turn=3)])
+    assert str(snap) in _errors_logged(caplog)
+    seqs, report = restored()  # and it keeps saying so: the lost snapshots stay lost
+    assert seqs == {"alpha": list(range(8)), "bravo": list(range(7))}
+    assert any(str(snap) in str(e) for e in report.errors)
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "{root}", "alpha"]], ids=["list", "show"])
+def test_list_and_show_say_when_a_snapshot_generation_is_missing(
+        tmp_path: Path, capsys: pytest.CaptureFixture, command: list[str]) -> None:
+    root = tmp_path / "j"
+    _journal_with_snapshots(root)
+    snap = _delete_snapshot_generation(root)
+    argv = [command[0], str(root), *command[2:]]
+    assert cli(argv) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert any(str(snap) in line for line in notes), notes
+
+
+@pytest.mark.parametrize("command", [["list"], ["show", "{root}", "r1"]], ids=["list", "show"])
+def test_list_and_show_say_when_a_segment_is_short(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                   command: list[str]) -> None:
+    root = tmp_path / "j"
+    with Journal(FileBackend(root, segment_bytes=2048)) as j:
+        j.append_sync([started("r1", 0)])
+        for t in range(1, 12):
+            j.append_sync([model_call("r1", t, turn=t)])
+    middle = sorted((root / "log").glob("*.seg"))[1]
+    middle.write_bytes(middle.read_bytes()[:-100])
+    assert cli([command[0], str(root), *command[2:]]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
+    assert any(str(middle) in line for line in notes), notes
+
+
+def test_a_workload_resumes_identically_after_its_snapshot_generation_was_deleted(tmp_path: Path) -> None:
+    config = WorkloadConfig(name="wl", groups=1, siblings=3, max_turns=5, environment="workplace", seed=3,
+                            allow_early_submit=False, journal=str(tmp_path / "journal"), snapshot_every_turns=1)
+    a, b, c = (s.rollout_id for s in workload_specs(config))
+    reference = reference_outcomes(config)
+    run_workload(config, resume=False, stop_after={a: 5, b: 2, c: 4})  # the crash
+    snap = _delete_snapshot_generation(tmp_path / "journal")
+
+    resumed = run_workload(config, resume=True, stop_after={b: 3})  # and a second crash during the resume
+    assert any(str(snap) in e for e in resumed.read_errors), resumed.read_errors
+    rows = resumed.rollouts
+    assert (rows[a].reused_result, rows[b].turns_committed_before, rows[c].turns_committed_before) == (True, 2, 4)
+    assert not any(r.restarted_from_zero for r in rows.values())
+
+    final = run_workload(config, resume=True)
+    assert final.rollouts[b].turns_committed_before == 3 and final.rollouts[a].reused_result
+    assert_identical(final, reference)
