@@ -577,7 +577,7 @@ class FileBackend(Backend):
                 and mark.snap_length >= self._compaction_retry_at:
             try:
                 self.compact_snapshots()
-            except Exception:  # logged and counted there; the batch above is durable, so this commit stands
+            except Exception:  # noqa: BLE001 - logged and counted there; the batch above is durable: it stands
                 self._compaction_retry_at = mark.snap_length + self.min_compaction_bytes
         return locations
 

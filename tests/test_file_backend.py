@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import logging
 import os
 import resource
@@ -220,10 +221,9 @@ def test_a_flipped_byte_mid_segment_is_reported_and_every_later_commit_survives_
     batch = damaged.locations[0].offset
     _flip(segment, damaged.locations[1].offset + 20)  # inside bravo's record of the second commit
 
-    with caplog.at_level(logging.ERROR, logger="journal.file_backend"):
-        with Journal(FileBackend(root)) as j:
-            assert segment.stat().st_size == size, "the writer cut committed turns after the damage"
-            j.append_sync([turn_done("alpha", 6, turn=6)])
+    with caplog.at_level(logging.ERROR, logger="journal.file_backend"), Journal(FileBackend(root)) as j:
+        assert segment.stat().st_size == size, "the writer cut committed turns after the damage"
+        j.append_sync([turn_done("alpha", 6, turn=6)])
     logged = _errors_logged(caplog)
     assert str(segment) in logged and f"position {batch}" in logged and "alpha" in logged and "bravo" in logged
 
@@ -249,7 +249,7 @@ def test_a_short_sealed_segment_is_reported_with_its_first_missing_offset_and_ne
     middle.write_bytes(data[:cut])  # a sealed segment lost its second half
     # each append is one commit; a record survives if its commit (which ends where the next record or
     # segment begins) lies wholly before the cut
-    ends = [nxt.offset if nxt.source == loc.source else int(following.stem) for loc, nxt in zip(locations, locations[1:])]
+    ends = [nxt.offset if nxt.source == loc.source else int(following.stem) for loc, nxt in itertools.pairwise(locations)]
     lost = [loc.offset for loc, end in zip(locations, ends) if loc.source == str(middle) and end > int(middle.stem) + cut]
     survivors = [t for t, loc in enumerate(locations) if loc.offset not in lost]
 
@@ -260,10 +260,11 @@ def test_a_short_sealed_segment_is_reported_with_its_first_missing_offset_and_ne
     assert str(middle) in str(error) and f"position {min(lost)}" in str(error) and str(int(following.stem)) in str(error)
 
     sizes = {p: p.stat().st_size for p in segments}
-    with caplog.at_level(logging.ERROR, logger="journal.file_backend"):
-        with Journal(FileBackend(root, segment_bytes=2048)) as j:  # the writer reports it and cuts nothing
-            assert {p: p.stat().st_size for p in segments} == sizes
-            j.append_sync([model_call("r1", 12, turn=12)])
+    # the writer reports it and cuts nothing
+    with caplog.at_level(logging.ERROR, logger="journal.file_backend"), \
+            Journal(FileBackend(root, segment_bytes=2048)) as j:
+        assert {p: p.stat().st_size for p in segments} == sizes
+        j.append_sync([model_call("r1", 12, turn=12)])
     assert str(middle) in _errors_logged(caplog) and str(min(lost)) in _errors_logged(caplog)
     with Journal(FileBackend(root, read_only=True)) as j:
         report = ReadReport()
@@ -304,9 +305,9 @@ def test_a_compaction_whose_commit_marker_is_cut_short_leaves_the_journal_as_it_
         segment = _segment(root)
         size, snapshots = segment.stat().st_size, _snapshot_files(root)
         assert sum(map(len, snapshots.values())) < size  # the compacted generation fits under the limit below
-        with _file_size_limit(size + 5):  # the new generation is written; its COMMIT frame lands 5 bytes, then EFBIG
-            with pytest.raises(OSError) as failure:
-                backend.compact_snapshots()
+        # the new generation is written; its COMMIT frame lands 5 bytes, then EFBIG
+        with _file_size_limit(size + 5), pytest.raises(OSError) as failure:
+            backend.compact_snapshots()
         assert failure.value.errno == errno.EFBIG
         assert segment.stat().st_size == size and _snapshot_files(root) == snapshots  # exactly as it was
         assert backend.compaction_failures == 1 and backend.compaction_error is failure.value
@@ -405,9 +406,9 @@ def test_a_missing_snapshot_generation_falls_back_to_replaying_the_log(
     assert seqs == {"alpha": list(range(7)), "bravo": list(range(7))}
     assert any(str(snap) in str(e) for e in report.errors)
 
-    with caplog.at_level(logging.ERROR, logger="journal.file_backend"):
-        with Journal(FileBackend(root)) as j:  # the writer opens it, says so and starts a fresh generation
-            j.append_sync([model_call("alpha", 7, turn=3)])
+    # the writer opens it, says so and starts a fresh generation
+    with caplog.at_level(logging.ERROR, logger="journal.file_backend"), Journal(FileBackend(root)) as j:
+        j.append_sync([model_call("alpha", 7, turn=3)])
     assert str(snap) in _errors_logged(caplog)
     seqs, report = restored()  # and it keeps saying so: the lost snapshots stay lost
     assert seqs == {"alpha": list(range(8)), "bravo": list(range(7))}
