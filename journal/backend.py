@@ -8,7 +8,8 @@ events, rollouts or fencing; ``journal.Journal`` builds those on top. It must:
 - hand back committed records only (Kafka ``read_committed``; the file
   backend's commit markers), in log order per partition;
 - report a record it cannot read as a ``StoredRecord`` with ``error`` set,
-  and keep reading after it, so one bad record never hides the good ones.
+  and keep reading after it, so one bad record never hides the good ones;
+- report damage that is no one record (a lost file) through ``damage``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from .errors import RecordLocation
+from .errors import JournalDamageError, RecordLocation
 
 
 class Stream(enum.Enum):
@@ -94,6 +95,11 @@ class Backend(ABC):
     @abstractmethod
     def read_snapshots(self) -> Iterator[StoredRecord]:
         """Every retained snapshot record, in log order per partition (later wins)."""
+
+    def damage(self) -> list[JournalDamageError]:
+        """Damage to the storage that no record read will show (a lost snapshot file).
+        ``Journal`` adds it to every ``ReadReport`` it fills; it raises nothing by itself."""
+        return []
 
     @abstractmethod
     def close(self) -> None:

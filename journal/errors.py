@@ -51,6 +51,21 @@ class CorruptRecordError(JournalError):
         self.reason = reason
 
 
+class JournalDamageError(JournalError):
+    """Part of a journal's storage is gone beyond any one record (a missing file, say); what
+    survives is still read, and readers that take a ``ReadReport`` find this in it."""
+
+    def __init__(self, location: RecordLocation, reason: str) -> None:
+        super().__init__(f"journal damaged at {location}: {reason}")
+        self.location = location
+        self.reason = reason
+
+
+class SnapshotsLostError(JournalDamageError):
+    """Records of the snapshot stream were lost, so it no longer lists every rollout: restore
+    finds them in the event log instead and replays them from their first event."""
+
+
 class UnknownSchemaError(CorruptRecordError):
     """The record names a writer schema fingerprint this reader does not keep."""
 

@@ -25,18 +25,41 @@ offsets it is monotonic but not contiguous. The per-frame CRC lets a reader
 detect a corrupt record, report it by file and position, and resynchronise on
 the next valid frame.
 
+Torn tail or damage. Only the bytes after the log's last readable COMMIT frame,
+and that last commit itself when its batch fails its CRC (a power loss landed
+the marker before an earlier page), are a torn tail: readers withhold them and
+the writer cuts them on open. Anything else is damage, reported and never cut:
+
+- a committed batch that fails its CRC (or whose commit marker is unreadable)
+  with a readable commit after it: readers step over the whole batch and report
+  it as one bad record naming the segment, its position and the rollouts whose
+  records it holds; the writer logs it on open and keeps every later commit;
+- a sealed segment shorter than the next segment's base offset says (a file cut
+  short): readers report the first missing offset; the writer logs it on open;
+- a snapshot generation file that is missing or shorter than the log says: the
+  writer records the loss in ``snapshots/<gen>.lost``, starts a fresh generation
+  and commits it; ``damage()`` reports the loss from then on (a reader finds it
+  unrecorded too), and restore replays every rollout the event log names and
+  the snapshot stream does not from its first event.
+
 Snapshots live apart from events so that reading the snapshot stream (every
 restore does) costs the size of the live snapshot set, not of the history.
 Compaction writes the newest two values of each live key, in their original
 order, into generation ``gen + 1`` (tmp file, fsync, rename) and then commits
 that generation with a COMMIT frame of its own; a compaction the log never
-committed is discarded on open.
+committed is discarded on open. A compaction that fails (a full disk) leaves
+the journal as it was: the new file is removed, a COMMIT frame written part
+way is cut back, generation ``gen`` stays committed and open for appends. It
+is logged as an error and kept in ``compaction_error`` / ``compaction_failures``,
+and a commit retries it once the snapshot file has grown by another
+``min_compaction_bytes``.
 """
 
 from __future__ import annotations
 
 import fcntl
 import io
+import itertools
 import logging
 import os
 import struct
@@ -46,7 +69,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, compacted
-from .errors import ConfigurationError, JournalError, RecordLocation, WriterLockedError
+from .errors import (
+    ConfigurationError,
+    FatalJournalError,
+    JournalDamageError,
+    JournalError,
+    RecordLocation,
+    SnapshotsLostError,
+    WriterLockedError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -129,8 +160,9 @@ def _parse(data: bytes, pos: int, base: int) -> _Frame:
     if start + body_len > len(data):
         return _Frame(where, 0, "", None, where, error=f"truncated frame body (needs {body_len} bytes)")
     body = data[start:start + body_len]
-    if zlib.crc32(bytes((type_,)) + body) != crc:
-        return _Frame(where, type_, "", None, where, error="CRC mismatch")
+    if zlib.crc32(bytes((type_,)) + body) != crc:  # the key may be damaged too: named, as unverified
+        key = body[:key_len].decode(errors="replace")[:80]
+        return _Frame(where, type_, "", None, where, error=f"CRC mismatch (record key {key!r}, unverified)")
     try:
         key = body[:key_len].decode()
     except UnicodeDecodeError:
@@ -179,6 +211,81 @@ def _batch_intact(data: bytes, base: int, commit: _Frame, mark: CommitMark) -> b
     return zlib.crc32(data[mark.batch_start - base:commit.position - base]) == mark.batch_crc
 
 
+def _mark_of(frame: _Frame) -> CommitMark | None:
+    """What a readable COMMIT frame commits; None for any other frame."""
+    if frame.error is not None or frame.type != COMMIT:
+        return None
+    try:
+        return CommitMark.decode(frame.value)
+    except JournalError:
+        return None
+
+
+def _damage(position: int, frames: Sequence[_Frame], what: str) -> _Frame:
+    """One error frame for a run of records stepped over: where, whose (the frames' keys), why."""
+    keys = sorted({f.key for f in frames if f.error is None and f.key})
+    whose = f" (records of rollouts {', '.join(keys)})" if keys else ""
+    causes = "; ".join(f"position {f.position}: {f.error}" for f in frames if f.error is not None)
+    return _Frame(position, 0, "", None, position, error=f"{what}{whose}{f' [{causes}]' if causes else ''}")
+
+
+def _failed_batch(commit: _Frame, batch: list[_Frame]) -> _Frame:
+    start = CommitMark.decode(commit.value).batch_start
+    return _damage(start, batch, f"the batch committed at position {commit.position} fails its CRC check; "
+                                 f"its {len(batch)} records are skipped")
+
+
+def _committed(data: bytes, base: int, next_base: int | None, *, aligned: bool = True) -> Iterator[_Frame]:
+    """The committed frames of one segment's bytes (``base`` = global offset of ``data[0]``),
+    in order, with one error frame for each piece of damage, stepped over whole.
+
+    ``next_base`` is where the next segment begins; None for the log's last segment, the
+    only place a torn tail can be: there a last commit whose batch fails its CRC and any
+    frames after the last commit are withheld silently (not committed, cut by the writer).
+    """
+    pending: list[_Frame] = []  # frames (and bad frames) since the last commit marker
+    suspect: tuple[_Frame, list[_Frame]] | None = None  # a commit whose batch fails its CRC, and that batch
+    good_end = base  # just past the last whole frame
+    for frame in _frames(data, base, aligned=aligned):
+        if frame.error is None:
+            good_end = frame.end
+        mark = _mark_of(frame)
+        if mark is None:
+            pending.append(frame)
+            continue
+        if suspect is not None:  # a commit follows it: not a torn tail but damage
+            yield _failed_batch(*suspect)
+            suspect = None
+        orphans = [f for f in pending if f.position < mark.batch_start]
+        batch = [f for f in pending if f.position >= mark.batch_start]
+        pending = []
+        if orphans:  # a batch whose own COMMIT frame is unreadable
+            yield _damage(orphans[0].position, orphans,
+                          f"{len(orphans)} frames before position {mark.batch_start} have no readable commit "
+                          "marker; skipped")
+        if _batch_intact(data, base, frame, mark):
+            yield from batch
+        else:
+            suspect = (frame, batch)
+    if next_base is None:
+        return  # a torn last batch, or one being written right now: not committed
+    end = base + len(data)
+    if suspect is not None:
+        yield _failed_batch(*suspect)
+    if end < next_base:
+        first_missing = pending[0].position if pending else good_end
+        yield _damage(first_missing, pending,
+                      f"sealed segment ends at position {end}, short of position {next_base} where the next "
+                      f"segment begins: the {next_base - first_missing} bytes from position {first_missing} on "
+                      "are lost (the file was cut short)")
+    elif pending:
+        yield _damage(pending[0].position, pending,
+                      f"{len(pending)} records at the end of a sealed segment have no commit marker; skipped")
+    if end > next_base:
+        yield _damage(next_base, [], f"sealed segment runs {end - next_base} bytes past position {next_base}, "
+                                     "where the next segment begins; the overlapping offsets are ambiguous")
+
+
 class FileBackend(Backend):
     """Segment-file journal; ``read_only=True`` opens without the writer lock (offline replay)."""
 
@@ -211,6 +318,10 @@ class FileBackend(Backend):
         self._snap_file = None
         self._last_mark = EMPTY
         self._frame_ends: dict[int, int] = {}  # event frame start -> end, for the last commit
+        self._broken: str | None = None  # why this writer can no longer commit safely
+        self.compaction_failures = 0  # snapshot compactions that failed (and changed nothing)
+        self.compaction_error: Exception | None = None  # why the last one failed; None once one succeeds
+        self._compaction_retry_at = 0  # snapshot length before which a failed compaction is not retried
         if read_only:
             if not self._log_dir.is_dir():
                 raise ConfigurationError(f"no file journal at {self.root} (missing {self._log_dir})")
@@ -252,19 +363,23 @@ class FileBackend(Backend):
         return sorted(out)
 
     def _cut_torn_tail(self) -> CommitMark:
-        """Cut the newest segment back to its last commit whose batch is intact; that commit's mark."""
+        """Cut the torn tail of the newest segment (see the module docstring) and log any
+        damage before it, which stays; the mark of the last commit kept."""
         segments = self._segments()
         if not segments:
             return EMPTY
+        for (base, path), (next_base, _) in itertools.pairwise(segments):
+            if base + path.stat().st_size != next_base:  # only a damaged sealed segment is read here
+                self._log_damage(path, _committed(path.read_bytes(), base, next_base))
         base, path = segments[-1]
         data = path.read_bytes()
+        commits = [(frame, mark) for frame in _frames(data, base) if (mark := _mark_of(frame)) is not None]
         keep, mark = 0, None
-        for frame in _frames(data, base):
-            if frame.error is None and frame.type == COMMIT:
-                candidate = CommitMark.decode(frame.value)
-                if not _batch_intact(data, base, frame, candidate):
-                    break  # a torn batch: it and everything after it never fully reached the disk
-                keep, mark = frame.end - base, candidate
+        if commits and _batch_intact(data, base, *commits[-1]):
+            keep, mark = commits[-1][0].end - base, commits[-1][1]
+        elif len(commits) > 1:  # the last batch is torn (its marker landed, an earlier page did not)
+            keep, mark = commits[-2][0].end - base, commits[-2][1]
+        self._log_damage(path, _committed(data[:keep], base, None))
         if len(data) > keep:
             log.warning("file journal %s: cutting %d uncommitted bytes at position %d (torn tail after a crash)",
                         path, len(data) - keep, base + keep)
@@ -273,17 +388,27 @@ class FileBackend(Backend):
                 os.fsync(f.fileno())
         return mark if mark is not None else self._last_commit_before(base)
 
+    def _log_damage(self, path: Path, frames: Iterator[_Frame]) -> None:
+        for frame in frames:
+            if frame.error is not None:
+                log.error("file journal %s: damage in %s at position %d: %s; readers step over it and the "
+                          "writer keeps every commit after it", self.root, path, frame.position, frame.error)
+
     def _last_commit_before(self, end: int) -> CommitMark:
-        for base, path in reversed(self._segments()):
+        segments = self._segments()
+        for base, path in reversed(segments):
             if base >= end:
                 continue
-            found = self._find_last_commit(path, base)
+            found = self._find_last_commit(path, base, last=path == segments[-1][1])
             if found is not None:
                 return found
         return EMPTY
 
-    def _find_last_commit(self, path: Path, base: int) -> CommitMark | None:
-        """The mark of the segment's last COMMIT whose batch is intact, searching backwards."""
+    @staticmethod
+    def _find_last_commit(path: Path, base: int, *, last: bool) -> CommitMark | None:
+        """The mark of the segment's last readable COMMIT frame, searching backwards. In the
+        log's ``last`` segment, a last commit whose batch fails its CRC is a torn tail: the
+        commit before it counts."""
         size = path.stat().st_size
         window = _TAIL_SCAN
         with open(path, "rb") as f:
@@ -291,18 +416,22 @@ class FileBackend(Backend):
                 start = max(0, size - window)
                 f.seek(start)
                 data = f.read(size - start)
-                pos = len(data)
+                pos, torn = len(data), False
                 while (pos := data.rfind(FRAME_MAGIC + bytes((COMMIT,)), 0, pos)) >= 0:
                     frame = _parse(data, pos, base + start)
-                    if frame.error is None and frame.type == COMMIT:
-                        mark = CommitMark.decode(frame.value)
-                        if mark.batch_start >= base + start and _batch_intact(data, base + start, frame, mark):
-                            return mark
-                        if mark.batch_start >= base + start:
-                            continue  # torn: look for the commit before it
+                    mark = _mark_of(frame)
+                    if mark is None:
+                        continue
+                    if not last or torn:
+                        return mark
+                    if mark.batch_start < base + start:
                         break  # the batch starts before this window: widen it
-                if start == 0 and pos < 0:
-                    return None
+                    if _batch_intact(data, base + start, frame, mark):
+                        return mark
+                    torn = True
+                else:
+                    if start == 0:
+                        return None
                 window *= 4
 
     def _open_active(self) -> None:
@@ -322,6 +451,9 @@ class FileBackend(Backend):
     def _snap_generations(self) -> list[int]:
         return sorted(int(p.stem) for p in self._snap_dir.glob("*.snap")) if self._snap_dir.is_dir() else []
 
+    def _lost_path(self, generation: int) -> Path:
+        return self._snap_dir / f"{generation:010d}.lost"
+
     def _open_snapshots(self) -> None:
         """Keep exactly the committed snapshot generation, cut to its committed length."""
         mark = self._last_mark
@@ -329,21 +461,66 @@ class FileBackend(Backend):
         for generation in self._snap_generations():
             if generation != mark.snap_generation:  # older, or a compaction the log never committed
                 self._snap_path(generation).unlink()
-        if not path.exists():
-            if mark.snap_length:
-                raise ConfigurationError(
-                    f"file journal {self.root}: snapshot file {path} named by the log is missing; "
-                    "the journal directory was altered"
-                )
+        size = path.stat().st_size if path.exists() else None
+        if size is None and not mark.snap_length:
             path.touch()
-        if path.stat().st_size > mark.snap_length:
+            size = 0
+        if size is None or size < mark.snap_length:
+            self._start_after_lost_generation(mark, size)
+            return
+        if size > mark.snap_length:
             log.warning("file journal %s: cutting %d uncommitted snapshot bytes (torn tail after a crash)",
-                        path, path.stat().st_size - mark.snap_length)
+                        path, size - mark.snap_length)
             with open(path, "r+b") as f:
                 f.truncate(mark.snap_length)
                 os.fsync(f.fileno())
         self._snap_file = self._open_append(path)
         self._snap_compacted_size = mark.snap_length
+
+    def _start_after_lost_generation(self, mark: CommitMark, size: int | None) -> None:
+        """The committed snapshot generation is gone (or cut short): record the loss for good,
+        so every later restore knows to look in the event log, then start and commit an empty
+        generation. A crash half way repeats this on the next open."""
+        lost = self._snap_path(mark.snap_generation)
+        found = "missing" if size is None else f"{size} bytes long"
+        note = (f"snapshot generation {mark.snap_generation} ({lost}) was {found} although the log commits "
+                f"{mark.snap_length} bytes of it; found by writer pid {os.getpid()} at log offset {self._end}; "
+                "restore replays every rollout the snapshot stream lacks from the event log")
+        log.error("file journal %s: %s. Starting snapshot generation %d.", self.root, note, mark.snap_generation + 1)
+        record = self._lost_path(mark.snap_generation)
+        with open(record, "w") as f:
+            f.write(note + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        generation = mark.snap_generation + 1
+        self._snap_path(generation).touch()
+        self._fsync_dir(self._snap_dir)  # the record and the new file, before the log names the new file
+        self._snap_file = self._open_append(self._snap_path(generation))
+        self._append_commit(b"", CommitMark(generation, 0, self._end, zlib.crc32(b"")))
+        self._snap_compacted_size = 0
+        lost.unlink(missing_ok=True)
+
+    def damage(self) -> list[JournalDamageError]:
+        """Lost snapshot generations, recorded by a writer (``snapshots/<gen>.lost``) or, on a
+        reader, the committed one missing or short now."""
+        found: list[JournalDamageError] = []
+        lost_generations = set()
+        for record in sorted(self._snap_dir.glob("*.lost")) if self._snap_dir.is_dir() else []:
+            try:
+                generation, note = int(record.stem), record.read_text().strip()
+            except (OSError, ValueError) as exc:
+                generation, note = -1, f"unreadable loss record {record}: {exc}"
+            lost_generations.add(generation)
+            found.append(SnapshotsLostError(RecordLocation(str(self._snap_path(generation)), 0, 0), note))
+        if self._active is None:
+            mark, path, size = self._committed_snapshot()
+            if (size is None or size < mark.snap_length) and mark.snap_generation not in lost_generations:
+                state = "is missing" if size is None else f"holds {size} bytes"
+                found.append(SnapshotsLostError(RecordLocation(str(path), 0, 0), (
+                    f"snapshot generation {mark.snap_generation} {state} although the log commits "
+                    f"{mark.snap_length} bytes of it; restore replays every rollout the snapshot stream lacks "
+                    "from the event log (a writer opening the journal records the loss and starts a new generation)")))
+        return found
 
     def _roll_segment(self) -> None:
         self._active.close()
@@ -364,6 +541,8 @@ class FileBackend(Backend):
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
         if self._active is None:
             raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot commit")
+        if self._broken is not None:
+            raise FatalJournalError(self._broken)
         event_frames: list[bytes] = []
         snap_frames: list[bytes] = []
         locations: list[RecordLocation] = []
@@ -394,11 +573,12 @@ class FileBackend(Backend):
         if self._end - self._active_base >= self.segment_bytes:
             self._roll_segment()
         grown = mark.snap_length - self._snap_compacted_size
-        if grown >= self.min_compaction_bytes and grown >= self.max_dirty_ratio * mark.snap_length:
+        if grown >= self.min_compaction_bytes and grown >= self.max_dirty_ratio * mark.snap_length \
+                and mark.snap_length >= self._compaction_retry_at:
             try:
                 self.compact_snapshots()
-            except OSError as exc:  # the commit above is durable; compaction can wait for the next one
-                log.error("file journal %s: snapshot compaction failed, will retry: %s", self.root, exc)
+            except Exception:  # noqa: BLE001 - logged and counted there; the batch above is durable: it stands
+                self._compaction_retry_at = mark.snap_length + self.min_compaction_bytes
         return locations
 
     def _open_append(self, path: Path) -> io.FileIO:
@@ -417,9 +597,24 @@ class FileBackend(Backend):
 
     def _append_commit(self, batch: bytes, mark: CommitMark) -> None:
         data = batch + encode_frame(COMMIT, "", mark.encode())
-        self._write(self._active, data)
+        try:
+            self._write(self._active, data)
+        except BaseException:
+            self._cut_failed_write()
+            raise
         self._end += len(data)
         self._last_mark = mark
+
+    def _cut_failed_write(self) -> None:
+        """A write that failed part way (a full disk) leaves bytes no commit covers. Cut them
+        now: a later commit would turn them into damage in the middle of the log."""
+        try:
+            os.ftruncate(self._active.fileno(), self._end - self._active_base)
+            os.fsync(self._active.fileno())
+        except OSError as exc:
+            self._broken = (f"file journal {self.root}: a failed write left bytes past position {self._end} of "
+                            f"{self._active.name} that could not be cut ({exc}); reopen the journal to cut them")
+            log.error("%s", self._broken)
 
     def offset_after(self, location: RecordLocation) -> int:
         return self._frame_ends.get(location.offset, location.offset + 1)
@@ -433,63 +628,71 @@ class FileBackend(Backend):
     def compact_snapshots(self, keep_per_key: int = 2) -> None:
         """Write the next snapshot generation with the newest ``keep_per_key`` values of
         each live key, in their original order; tombstoned keys are dropped. Crash-safe:
-        tmp file, fsync, rename, then a COMMIT frame naming the new generation."""
-        skipped: list[StoredRecord] = []
-        latest = compacted(self.read_snapshots(), keep_per_key, skipped.append)
-        for record in skipped:
-            log.warning("file journal %s: compaction drops unreadable snapshot record at %s: %s",
-                        self.root, record.location, record.error)
-        kept = sorted((r for records in latest.values() for r in records), key=lambda r: r.location.offset)
-        generation = self._last_mark.snap_generation + 1
-        tmp = self._snap_path(generation).with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            for record in kept:
-                f.write(encode_frame(SNAPSHOT, record.key, record.value))
-            f.flush()
-            os.fsync(f.fileno())
-            length = f.tell()
-        os.replace(tmp, self._snap_path(generation))
-        self._fsync_dir(self._snap_dir)
+        tmp file, fsync, rename, then a COMMIT frame naming the new generation.
+
+        If it fails, nothing changed (see the module docstring): the error is logged,
+        counted in ``compaction_failures``, kept in ``compaction_error`` and raised."""
         old = self._snap_path(self._last_mark.snap_generation)
-        self._append_commit(b"", CommitMark(generation, length, self._end, zlib.crc32(b"")))
+        generation = self._last_mark.snap_generation + 1
+        path = self._snap_path(generation)
+        tmp = path.with_suffix(".tmp")
+        new_file = None
+        try:
+            skipped: list[StoredRecord] = []
+            latest = compacted(self.read_snapshots(), keep_per_key, skipped.append)
+            for record in skipped:
+                log.warning("file journal %s: compaction drops unreadable snapshot record at %s: %s",
+                            self.root, record.location, record.error)
+            kept = sorted((r for records in latest.values() for r in records), key=lambda r: r.location.offset)
+            with open(tmp, "wb") as f:
+                for record in kept:
+                    f.write(encode_frame(SNAPSHOT, record.key, record.value))
+                f.flush()
+                os.fsync(f.fileno())
+                length = f.tell()
+            os.replace(tmp, path)
+            self._fsync_dir(self._snap_dir)
+            new_file = self._open_append(path)  # opened before the commit: after it, nothing may fail
+            self._append_commit(b"", CommitMark(generation, length, self._end, zlib.crc32(b"")))
+        except Exception as exc:
+            if new_file is not None:
+                new_file.close()
+            for leftover in (tmp, path):  # the log never named them: as if the compaction never began
+                try:
+                    leftover.unlink(missing_ok=True)
+                except OSError as cleanup:
+                    log.warning("file journal %s: could not remove %s (%s); the next open removes it",
+                                self.root, leftover, cleanup)
+            self.compaction_failures += 1
+            self.compaction_error = exc
+            log.error("file journal %s: snapshot compaction into generation %d failed: %s; the journal is "
+                      "unchanged, generation %d stays committed, and compaction is retried later",
+                      self.root, generation, exc, generation - 1)
+            raise
         self._snap_file.close()
-        self._snap_file = self._open_append(self._snap_path(generation))
+        self._snap_file = new_file
         self._snap_compacted_size = length
-        old.unlink()
+        self.compaction_error = None
+        try:
+            old.unlink()
+        except OSError as exc:  # not committed any more: the next open removes it
+            log.warning("file journal %s: could not remove the old snapshot generation %s: %s", self.root, old, exc)
 
     # -- reading -----------------------------------------------------------
     def _committed_frames(self, from_offset: int) -> Iterator[tuple[Path, _Frame]]:
-        """Event frames whose batch has an intact commit marker, with their segment; bad
-        frames are passed through at once. A batch whose CRC fails is withheld if it is
-        the log's last (a torn tail the writer will cut) and reported otherwise."""
-        pending: list[tuple[Path, _Frame]] = []
+        """Event frames whose batch has an intact commit marker, with their segment, and an
+        error frame for each piece of damage (see ``_committed``)."""
         segments = self._segments()
         for i, (base, path) in enumerate(segments):
-            if i + 1 < len(segments) and segments[i + 1][0] <= from_offset:
+            next_base = segments[i + 1][0] if i + 1 < len(segments) else None
+            if next_base is not None and next_base <= from_offset:
                 continue
             skip = max(0, from_offset - base)  # read from the offset, not the segment's start
             with open(path, "rb") as f:
                 f.seek(skip)
                 data = f.read()  # bounded by segment_bytes: one read beats many small ones
-            base += skip
-            frames = _frames(data, base, aligned=skip == 0)
-            for frame in frames:
-                if frame.error is not None:
-                    yield path, frame
-                elif frame.type != COMMIT:
-                    pending.append((path, frame))
-                elif _batch_intact(data, base, frame, CommitMark.decode(frame.value)):
-                    yield from pending
-                    pending.clear()
-                elif i + 1 == len(segments) and frame.end == base + len(data):
-                    return  # the torn last batch: not committed
-                else:
-                    yield path, _Frame(frame.position, COMMIT, "", None, frame.end,
-                                       error=f"commit at {frame.position} covers a batch that fails its CRC; "
-                                             f"{len(pending)} records of it are reported as they are")
-                    yield from pending
-                    pending.clear()
-        # records still pending belong to a batch being written now (or a torn tail): not committed
+            for frame in _committed(data, base + skip, next_base, aligned=skip == 0):
+                yield path, frame
 
     @staticmethod
     def _stored(path: Path, frame: _Frame) -> StoredRecord:
@@ -508,8 +711,22 @@ class FileBackend(Backend):
         segments = self._segments()
         return self._last_commit_before(segments[-1][0] + 1) if segments else EMPTY
 
+    def _committed_snapshot(self) -> tuple[CommitMark, Path, int | None]:
+        """The committed snapshot generation's mark, file and size (None: missing)."""
+        for _ in range(3):  # a concurrent writer's compaction may retire the file we were told of
+            mark = self._committed_mark()
+            path = self._snap_path(mark.snap_generation)
+            try:
+                return mark, path, path.stat().st_size
+            except FileNotFoundError:
+                if mark.snap_length == 0:
+                    return mark, path, 0
+        return mark, path, None
+
     def read_snapshots(self) -> Iterator[StoredRecord]:
-        for attempt in range(3):  # a concurrent writer's compaction may retire the file we were told of
+        """The committed snapshot generation's records. A lost one reads as what is left of
+        it (nothing, if it is missing); ``damage()`` says so."""
+        for _ in range(3):  # a concurrent writer's compaction may retire the file we were told of
             mark = self._committed_mark()
             path = self._snap_path(mark.snap_generation)
             try:
@@ -517,11 +734,7 @@ class FileBackend(Backend):
                     data = f.read(mark.snap_length)
                 break
             except FileNotFoundError:
-                if mark.snap_length == 0:
-                    return
-                if attempt == 2:
-                    raise JournalError(f"file journal {self.root}: snapshot file {path} named by the log "
-                                       "is missing") from None
+                data = b""
         for frame in _frames(data, 0):
             yield self._stored(path, frame)
 

@@ -209,9 +209,20 @@ class Journal:
             report.fenced.append(dropped)
         return False
 
+    def _note_damage(self, report: ReadReport | None) -> None:
+        """Damage no record read shows (a lost snapshot file) goes into a report, once."""
+        if report is None:
+            return
+        known = {str(e) for e in report.errors}
+        for damage in self.backend.damage():
+            if str(damage) not in known:
+                log.warning("%s", damage)
+                report.errors.append(damage)
+
     def read_rollouts(self, cursors: Mapping[str, Cursor], report: ReadReport | None = None) -> Iterator[JournaledEvent]:
         """Events of the given rollouts after their cursors, in log order per
         partition, fenced. One pass per partition from its lowest cursor."""
+        self._note_damage(report)
         by_partition: dict[int, dict[str, Cursor]] = {}
         for rollout_id, cursor in cursors.items():
             by_partition.setdefault(self.partition_of(rollout_id), {})[rollout_id] = cursor
@@ -248,6 +259,7 @@ class Journal:
     def scan(self, report: ReadReport | None = None) -> Iterator[JournaledEvent]:
         """Every committed event of the journal, fenced, partition by partition.
         Memory stays bounded by the number of rollouts (one epoch each)."""
+        self._note_damage(report)
         for partition in range(self.backend.partitions):
             fence = EpochFence()
             for stored in self.backend.read_events(partition, 0):

@@ -13,6 +13,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+from .errors import SnapshotsLostError
 from .events import WorkloadRegistered
 from .journal import Cursor, Journal, JournaledEvent, ReadReport
 from .snapshots import Fence, LoadedSnapshot
@@ -60,8 +61,27 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
         if fence is not None and fence.epoch > cursor.epoch:  # its AttemptStarted lies ahead of the cursor
             cursor = Cursor(cursor.offset, cursor.after_seq, fence.epoch, resume_seq=fence.seq)
         cursors[rollout_id] = cursor
+    for rollout_id in _rollouts_only_the_log_names(journal, set(histories)):
+        log.warning("rollout %s is missing from the damaged snapshot stream; replaying it from its first event",
+                    rollout_id)
+        histories[rollout_id] = RolloutHistory(rollout_id, None)
+        cursors[rollout_id] = Cursor()
     replayed = 0
     for item in journal.read_rollouts(cursors, report):
         histories[item.event.header.rollout_id].events.append(item)
         replayed += 1
     return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed)
+
+
+def _rollouts_only_the_log_names(journal: Journal, known: set[str]) -> list[str]:
+    """When the backend lost part of the snapshot stream (a file journal's missing snapshot
+    generation), the stream no longer lists every rollout, but the event log, keyed by
+    rollout, still does: one pass over the keys, nothing decoded. An acknowledged rollout is
+    found too (its tombstone was lost with the stream), so its result is offered again
+    rather than the rollout run from scratch."""
+    if not any(isinstance(damage, SnapshotsLostError) for damage in journal.backend.damage()):
+        return []
+    named: set[str] = set()
+    for partition in range(journal.backend.partitions):
+        named.update(record.key for record in journal.backend.read_events(partition, 0) if record.error is None)
+    return sorted(named - known)
