@@ -5,7 +5,7 @@ Public API (import from here, not from the modules)::
     from journal import Journal, open_journal, ReadReport, load_rollouts
 
 ``KafkaBackend`` and ``KafkaSettings`` load lazily, so file-journal users never
-import the Kafka client.
+import the Kafka client; so do ``HeadSigner`` and ``HeadVerifier`` (cryptography).
 """
 
 from __future__ import annotations
@@ -35,7 +35,9 @@ from .events import (
     AttemptStarted,
     BlobChunk,
     BlobRef,
+    ChainHead,
     Header,
+    HeadCheckpoint,
     Message,
     ModelCall,
     Record,
@@ -56,7 +58,11 @@ from .open import is_kafka_url, open_backend, open_journal
 from .restore import RestorePlan, RolloutHistory, load_rollouts
 from .snapshots import SnapshotDraft
 
-_LAZY = {"KafkaBackend": ".kafka_backend", "KafkaSettings": ".kafka_config"}
+_LAZY = {
+    "KafkaBackend": ".kafka_backend", "KafkaSettings": ".kafka_config",
+    # signing loads the cryptography package: only for those who sign or verify
+    "HeadSigner": ".anchoring", "HeadVerifier": ".anchoring", "SigningKeyError": ".anchoring",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -75,6 +81,7 @@ __all__ = [
     "Backend",
     "BlobChunk",
     "BlobRef",
+    "ChainHead",
     "Codec",
     "ConfigurationError",
     "CorruptRecordError",
@@ -85,6 +92,9 @@ __all__ = [
     "FencedWriteError",
     "FileBackend",
     "Header",
+    "HeadCheckpoint",
+    "HeadSigner",
+    "HeadVerifier",
     "Journal",
     "JournalClosedError",
     "JournalDamageError",
@@ -109,6 +119,7 @@ __all__ = [
     "SamplingParams",
     "Snapshot",
     "SnapshotDraft",
+    "SigningKeyError",
     "SnapshotsLostError",
     "StoredRecord",
     "Stream",

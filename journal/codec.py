@@ -25,7 +25,7 @@ import schemas
 from schemas import SchemaVersion
 
 from .errors import CorruptRecordError, RecordLocation, UnknownSchemaError
-from .events import EVENT_TYPES, NESTED_TYPES, Record
+from .events import EVENT_TYPES, NESTED_LISTS, NESTED_TYPES, Record
 
 MAGIC = b"\xc3\x01"
 PREFIX_LEN = 10
@@ -52,7 +52,7 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
         if "dtype" in f.metadata:
             plans.append(_FieldPlan(f.name, _Kind.PACKED, dtype=f.metadata["dtype"]))
         elif f.name in NESTED_TYPES:
-            kind = _Kind.NESTED_LIST if f.name == "messages" else _Kind.NESTED
+            kind = _Kind.NESTED_LIST if f.name in NESTED_LISTS else _Kind.NESTED
             plans.append(_FieldPlan(f.name, kind, cls=NESTED_TYPES[f.name]))
         else:
             plans.append(_FieldPlan(f.name, _Kind.PLAIN))

@@ -32,6 +32,7 @@ from journal.events import (
     AttemptFenced,
     AttemptStarted,
     Header,
+    HeadCheckpoint,
     Message,
     ModelCall,
     ResourceMutation,
@@ -122,7 +123,8 @@ class RolloutProgress:
             self._on_finished(event)
         elif isinstance(event, RolloutAcknowledged):
             self.acknowledged = True
-        elif not isinstance(event, AttemptFenced):  # AttemptFenced is audit only: AttemptStarted moved the epoch
+        elif not isinstance(event, (AttemptFenced, HeadCheckpoint)):
+            # Audit only: AttemptStarted moved the epoch; a HeadCheckpoint vouches for heads the mutations set
             raise StateFoldError(f"rollout {self.rollout_id}: no rule to apply a {type(event).__name__}")
 
     def starts_over(self, event: AttemptStarted) -> bool:

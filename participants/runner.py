@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from journal.anchoring import HeadSigner
 from journal.errors import ConfigurationError
 from journal.events import Header, RolloutAcknowledged, WorkloadRegistered
 from journal.journal import Journal
@@ -87,16 +88,19 @@ ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that tu
 class Runner:
     def __init__(self, config: WorkloadConfig, journal: Journal | None, backend: GenerationBackend,
                  tokenizer: ChatTokenizer, *, progress: ProgressCallback | None = None,
-                 exporter: StateExporter | None = None, hold_until_acknowledged: bool = False) -> None:
+                 exporter: StateExporter | None = None, hold_until_acknowledged: bool = False,
+                 signer: HeadSigner | None = None) -> None:
         """``hold_until_acknowledged`` keeps a finished rollout waiting for the trainer's
         acknowledgement (``acknowledge``) before the run may end, as a GRPO trainer holds a
-        prompt group until every sibling is in."""
+        prompt group until every sibling is in. ``signer`` anchors the resources' chain heads
+        (``HeadSigner.from_environment()`` is what ``run_workload`` passes)."""
         self.config = config
         self.journal = journal
         self.model = ModelParticipant(backend, max_in_flight=config.model.max_concurrent_calls)
         sink = JournalSink(journal) if journal is not None and config.journaling else NullSink()
         self.progress = progress or (lambda rollout_id, turn: None)
-        self.agent = Agent(config, self.model, tokenizer, sink, writer=config.writer, on_durable=self.progress)
+        self.agent = Agent(config, self.model, tokenizer, sink, writer=config.writer, on_durable=self.progress,
+                           signer=signer)
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}
         self.hold_until_acknowledged = hold_until_acknowledged

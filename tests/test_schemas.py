@@ -14,8 +14,8 @@ import schemas
 from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
-    AttemptFenced, AttemptStarted, BlobChunk, BlobRef, Header, Message, ModelCall, Record, ResourceMutation,
-    RolloutAcknowledged, RolloutFinished, Snapshot, TurnCompleted, WorkloadRegistered,
+    AttemptFenced, AttemptStarted, BlobChunk, BlobRef, ChainHead, Header, HeadCheckpoint, Message, ModelCall, Record,
+    ResourceMutation, RolloutAcknowledged, RolloutFinished, Snapshot, TurnCompleted, WorkloadRegistered,
 )
 from schemas.legacy import FINGERPRINTS_0_1_0, fingerprint_by_the_0_1_0_rule
 from tests.journal_conformance import header, model_call, started, turn_done
@@ -36,6 +36,8 @@ SAMPLES = {
     "Snapshot": Snapshot(header("r", 7), "running", 6, 0, 123, b"state", "e" * 64, BlobRef("f" * 64, 10, 1)),
     "BlobChunk": BlobChunk("f" * 64, 0, 1, b"0123456789"),
     "WorkloadRegistered": WorkloadRegistered("demo", '{"groups":2}', ["demo-g0-s0", "demo-g1-s0"], "t" * 16, 7, "w0"),
+    "HeadCheckpoint": HeadCheckpoint(header("r", 8), 1, [ChainHead("r/mail", 5, "c" * 64), ChainHead("r/crm", 0, "a" * 64)],
+                                     "ed25519", "k" * 64, bytes(range(64))),
 }
 NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered")
 NO_HEADER = ("BlobChunk", "WorkloadRegistered")
