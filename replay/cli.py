@@ -65,6 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("rollout", help="rollout id (see `list`)")
     show.add_argument("--tokens", action="store_true", help="also print output token ids and logprobs")
 
+    from . import audit
+    audit.add_command(sub)
+
     from compose.cli import register_kafka_commands
     register_kafka_commands(sub)
     return parser
@@ -171,6 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             return _demo(args)
         if args.command in ("list", "show"):
             return _inspect(args)
+        if args.command == "audit":
+            from . import audit
+            return audit.run_command(args)
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)
