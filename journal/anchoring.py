@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from .errors import ConfigurationError
-from .events import ChainHead, Header, HeadCheckpoint
+from .events import ChainHead, HeadCheckpoint, Header
 
 __all__ = [
     "ALGORITHM",

@@ -30,18 +30,17 @@ import sys
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from journal.anchoring import VERIFY_KEY_ENV, HeadVerifier
 from journal.events import HeadCheckpoint, ResourceMutation, RolloutFinished, TurnCompleted
-from journal.fencing import FencedEventDropped
 from journal.journal import JournaledEvent, ReadReport
 from participants.resources import genesis_hash, link_hash
 from participants.rollout_state import RolloutProgress, StateFoldError, mutation_record
 
 from .scanning import add_journal_argument, open_for_reading, with_progress
 
-__all__ = ["AuditedMutation", "Problem", "ChainLife", "AuditSummary", "ChainAuditor", "audit_events"]
+__all__ = ["AuditSummary", "AuditedMutation", "ChainAuditor", "ChainLife", "Problem", "audit_events"]
 
 _RECENT = 32  # heads remembered per life, to name a duplicate's original and check a late record's link
 
@@ -68,7 +67,7 @@ class AuditedMutation:
 
     @property
     def time(self) -> str:
-        return datetime.fromtimestamp(self.ts_ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+        return datetime.fromtimestamp(self.ts_ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
 @dataclass

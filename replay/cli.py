@@ -65,8 +65,9 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("rollout", help="rollout id (see `list`)")
     show.add_argument("--tokens", action="store_true", help="also print output token ids and logprobs")
 
-    from . import audit
+    from . import audit, verify
     audit.add_command(sub)
+    verify.add_command(sub)
 
     from compose.cli import register_kafka_commands
     register_kafka_commands(sub)
@@ -177,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "audit":
             from . import audit
             return audit.run_command(args)
+        if args.command == "verify":
+            from . import verify
+            return verify.run_command(args)
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)

@@ -112,7 +112,7 @@ def test_changed_arguments_are_named_at_the_record(journal_copy: Path) -> None:
 
 def test_a_dropped_record_is_a_gap_named_at_the_record_after_it(journal_copy: Path) -> None:
     log = TamperedLog(journal_copy)
-    first, second, third, *_ = log.mutations(busiest_resource(log))
+    _, second, third, *_ = log.mutations(busiest_resource(log))
     log.drop(second)
     log.renumber(second.header.rollout_id)  # no hole in the seqs: only the chain can tell
     where = log.save()
@@ -301,7 +301,7 @@ def test_an_unknown_resource_is_one_line_and_exit_2(pristine: dict[str, Path], c
 
 
 def test_a_corrupt_record_is_named_and_fails_the_audit(journal_copy: Path, capsys: pytest.CaptureFixture) -> None:
-    segment = sorted((journal_copy / "log").glob("*.seg"))[0]
+    segment = min((journal_copy / "log").glob("*.seg"))
     data = bytearray(segment.read_bytes())
     data[200] ^= 0xFF  # inside an early committed batch: damage, not a torn tail
     segment.write_bytes(bytes(data))
