@@ -23,6 +23,9 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal resume examples/demo.yaml
   rollout-journal list runs/journal    the rollouts a journal holds
   rollout-journal show runs/journal demo-g0-s0
+  rollout-journal audit --journal runs/journal          every mutation; hash chains and signed heads
+  rollout-journal verify --journal runs/journal         re-apply event-sourced mutations, compare digests
+  rollout-journal replay report demo-g0-s0 --journal runs/journal --html report.html
   rollout-journal kafka up             a local Kafka broker from Maven jars (no Docker)
 """
 
@@ -65,9 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("rollout", help="rollout id (see `list`)")
     show.add_argument("--tokens", action="store_true", help="also print output token ids and logprobs")
 
-    from . import audit, verify
+    from . import audit, report_html, verify
     audit.add_command(sub)
     verify.add_command(sub)
+    replay = sub.add_parser("replay", help="look back at a journal: report (reads only)")
+    replay_sub = replay.add_subparsers(dest="replay_command", required=True, metavar="REPLAY_COMMAND")
+    report_html.add_command(replay_sub)
 
     from compose.cli import register_kafka_commands
     register_kafka_commands(sub)
@@ -181,6 +187,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "verify":
             from . import verify
             return verify.run_command(args)
+        if args.command == "replay" and args.replay_command == "report":
+            from . import report_html
+            return report_html.run_command(args)
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)
