@@ -40,3 +40,17 @@ def test_recovery_bench_pieces_run(tmp_path: Path) -> None:
     synthesize(tmp_path / "synth", active=20, turns=3, snapshot_every=2, finished_before=10)
     seconds, replayed = restore_seconds(tmp_path / "synth", repeats=1)
     assert seconds > 0 and replayed == 20 * 3  # one turn after the last snapshot, three events each
+
+
+@pytest.mark.slow
+def test_signing_cost_reports_per_checkpoint_and_end_to_end(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.signing_cost import per_checkpoint, throughput
+
+    micro = per_checkpoint(repeats=1, loops=20)
+    assert micro["resources_per_checkpoint"] == 3 and micro["sign_us_per_checkpoint"] > 0
+    assert micro["verify_us_per_checkpoint"] > 0
+    e2e = throughput(tmp_path, rounds=1, groups=1, siblings=2, turns=3)
+    assert e2e["turns_per_run"] == 6 and e2e["checkpoints_per_run"] > 0  # the signed runs did sign
+    for key in ("turns_per_s_signed", "turns_per_s_plain", "signing_overhead", "signing_cpu_overhead"):
+        assert key in e2e
