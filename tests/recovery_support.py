@@ -28,7 +28,8 @@ def reference_outcomes(config: WorkloadConfig) -> dict[str, dict]:
     return run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False).outcomes()
 
 
-def _child(config_json: str, resume: bool, progress_path: str) -> None:
+def _child(config_json: str, resume: bool, progress_path: str, environ: dict[str, str]) -> None:
+    os.environ.update(environ)  # the forkserver's environment is the one it started with
     config = WorkloadConfig.model_validate_json(config_json)
     with open(progress_path, "a", buffering=1) as progress:
         run_workload(config, resume=resume, on_turn=lambda rid, turn: progress.write(f"{rid} {turn}\n"))
@@ -46,11 +47,12 @@ def committed_by_progress(progress_path: Path) -> dict[str, int]:
 
 
 def run_child_and_kill(config: WorkloadConfig, *, resume: bool, kill_after_turns: int, extra_delay_s: float,
-                       progress_path: Path, timeout_s: float = 120.0) -> bool:
-    """Run the workload in a child; SIGKILL it once ``kill_after_turns`` more turns are
-    durable (plus a delay, so the kill lands anywhere). True if it was killed."""
+                       progress_path: Path, timeout_s: float = 120.0, environ: dict[str, str] | None = None) -> bool:
+    """Run the workload in a child (with ``environ`` added to its environment); SIGKILL it
+    once ``kill_after_turns`` more turns are durable (plus a delay, so the kill lands
+    anywhere). True if it was killed."""
     before = sum(1 for _ in progress_path.open()) if progress_path.exists() else 0
-    child = _CTX.Process(target=_child, args=(config.model_dump_json(), resume, str(progress_path)))
+    child = _CTX.Process(target=_child, args=(config.model_dump_json(), resume, str(progress_path), environ or {}))
     child.start()
     deadline = time.monotonic() + timeout_s
     try:

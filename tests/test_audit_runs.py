@@ -11,12 +11,15 @@ from pathlib import Path
 import pytest
 
 from journal import ReadReport, ResourceMutation, open_journal
-from journal.anchoring import HeadSigner, HeadVerifier
+from journal.anchoring import SIGNING_KEY_ENV, HeadSigner, HeadVerifier
+from participants.config import WorkloadConfig
 from participants.runner import workload_specs
+from participants.workload import run_workload
 from replay.audit import audit_events
 from replay.cli import main as cli_main
 from replay.verify import verify_journal
 from tests.journal_tamper import TamperedLog
+from tests.recovery_support import run_child_and_kill
 from tests.test_audit import crashed_and_resumed
 
 BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]
@@ -65,6 +68,30 @@ def test_a_crashed_and_resumed_run_audits_clean_anchored_and_verifies(journal_lo
     assert "chain ok" in capsys.readouterr().out
     assert cli_main(["verify", "--journal", journal_location, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["first_divergence"] is None
+
+
+@pytest.mark.slow
+def test_a_sigkilled_signed_run_resumed_audits_clean_and_anchored(journal_location: str, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL lands mid-commit, wherever it lands: what is journaled is whole, anchored and verifying."""
+    signer = HeadSigner.generate()
+    config = WorkloadConfig(name="kill", groups=2, siblings=2, max_turns=5, environment="workplace,sandbox", seed=4,
+                            allow_early_submit=False, journal=journal_location, snapshot_every_turns=2,
+                            turn_delay_ms=10)
+    key = {SIGNING_KEY_ENV: signer.private_pem().decode()}
+    assert run_child_and_kill(config, resume=False, kill_after_turns=4, extra_delay_s=0.005,
+                              progress_path=tmp_path / "progress.txt", environ=key)
+    monkeypatch.setenv(SIGNING_KEY_ENV, key[SIGNING_KEY_ENV])
+    resumed = run_workload(config, resume=True)
+    assert any(r.turns_committed_before for r in resumed.rollouts.values())
+
+    report = ReadReport()
+    with open_journal(journal_location, read_only=True) as journal:
+        _, summary = audit_events(journal.scan(report), report, HeadVerifier(signer.public_key))
+    assert summary.chain_ok, [str(p) for p in summary.problems]
+    assert (summary.anchored, summary.anchors_verified) == ("yes", True)
+    verified, _ = verify_journal(journal_location)
+    assert verified.ok, [str(d) for d in verified.divergences]
 
 
 def test_verify_names_the_first_record_that_rebuilds_differently(tmp_path: Path,
