@@ -16,7 +16,11 @@ decides, as it did live):
   names a later revision means mutations were dropped (a *dropped tail*);
 - every ``HeadCheckpoint`` verifies under the auditor's public key and signs the
   heads the chain has at that point. A chain recomputed without the key no longer
-  matches its signed heads; mutations after the last checkpoint are *unanchored*.
+  matches its signed heads; mutations after the last checkpoint are *unanchored*;
+- with ``--witness`` (the JSON of an earlier audit), every head seen then is still
+  there, unchanged. Nothing inside a journal shows that it was cut back at a commit
+  boundary, signed heads and all; a transparency log's witnesses answer that, and so
+  does this.
 
 Problems name the exact record (topic/partition/offset or file/position). Memory
 stays bounded by the number of resources and rollouts, not by the journal's length.
@@ -28,11 +32,13 @@ import argparse
 import json
 import sys
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 
 from journal.anchoring import VERIFY_KEY_ENV, HeadVerifier
+from journal.errors import ConfigurationError
 from journal.events import HeadCheckpoint, ResourceMutation, RolloutFinished, TurnCompleted
 from journal.journal import JournaledEvent, ReadReport
 from participants.resources import genesis_hash, link_hash
@@ -75,7 +81,7 @@ class Problem:
     """Something the audit found wrong, naming the record."""
 
     kind: str  # gap | duplicate | reordered | altered | fenced_epoch | sequence | dropped_tail | inserted |
-    #            unanchored | anchor_mismatch | bad_signature | corrupt
+    #            unanchored | anchor_mismatch | bad_signature | corrupt | truncated | rewritten (against a witness)
     message: str
     location: str | None = None
     resource_id: str | None = None
@@ -155,9 +161,14 @@ class ChainAuditor:
     """Feed it a journal's events in log order (fenced, as ``Journal.scan`` yields them);
     ``finish`` it with the read report. ``resource`` restricts the audit to one resource."""
 
-    def __init__(self, verifier: HeadVerifier | None = None, resource: str | None = None) -> None:
+    def __init__(self, verifier: HeadVerifier | None = None, resource: str | None = None,
+                 witness: Mapping[tuple[str, int], tuple[int, str]] | None = None) -> None:
+        """``witness``: heads an earlier audit saw, ``(resource, life) -> (revision, head)``
+        (:func:`load_witness`): each must still be in the journal, unchanged."""
         self.verifier = verifier
         self.resource = resource
+        self.witness = {k: v for k, v in (witness or {}).items() if resource is None or k[0] == resource}
+        self._witnessed: set[tuple[str, int]] = set()
         self.problems: list[Problem] = []
         self._rollouts: dict[str, RolloutProgress] = {}
         self._chains: dict[str, ChainLife] = {}  # resource -> its current life
@@ -240,6 +251,7 @@ class ChainAuditor:
                                          f"chain hash {record.chain_hash[:12]} (the record was changed after it was "
                                          "written)", where, rid, record.rollout_id, record.revision)
             self._advance(chain, record.revision, record.chain_hash, where)
+            self._against_witness(chain, where)
         elif record.prev_revision > chain.revision:
             after = f"after r{chain.revision} at {chain.last_location}" if chain.last_location else "at its start"
             gap = self._problem("gap", f"{rid}: {_span(chain.revision + 1, record.prev_revision)} missing {after}, "
@@ -248,6 +260,7 @@ class ChainAuditor:
             for revision in range(chain.revision + 1, min(record.prev_revision, chain.revision + _RECENT) + 1):
                 chain.missing[revision] = gap  # bounded: a forged huge gap must not cost memory
             self._advance(chain, record.revision, record.chain_hash, where)
+            self._against_witness(chain, where)
         else:
             self._late(chain, record.revision, record.chain_hash, record.rollout_id, where)
         status = self.problems[found].kind if len(self.problems) > found else "ok"
@@ -282,6 +295,18 @@ class ChainAuditor:
         chain.recent[revision] = (chain_hash, where)
         while len(chain.recent) > _RECENT:
             chain.recent.popitem(last=False)
+
+    def _against_witness(self, chain: ChainLife, where: str) -> None:
+        """The chain reached a revision an earlier audit saw: its head must be the one seen then."""
+        key = (chain.resource_id, chain.life)
+        seen = self.witness.get(key)
+        if seen is None or seen[0] != chain.revision:
+            return
+        self._witnessed.add(key)
+        if seen[1] != chain.head:
+            self._problem("rewritten", f"{chain.resource_id} life {chain.life} r{chain.revision} at {where}: head "
+                                       f"{chain.head[:12]}, but an earlier audit saw {seen[1][:12]}: the journal "
+                                       "was rewritten since", where, chain.resource_id, chain.rollout_id, chain.revision)
 
     def _turn(self, event: TurnCompleted, where: str, life: int) -> None:
         """A committed turn names the revision each resource reached: the chain must be there."""
@@ -369,6 +394,17 @@ class ChainAuditor:
                               rollout_id=dropped.rollout_id)
         lives = [*self._ended, *self._chains.values()]
         lives.sort(key=lambda c: (c.resource_id, c.life))
+        reached = {(c.resource_id, c.life): c for c in lives}
+        for (rid, life), (revision, head) in sorted(self.witness.items()):
+            if (rid, life) in self._witnessed:
+                continue
+            chain = reached.get((rid, life))
+            holds = (f"its chain ends at r{chain.revision} ({chain.last_location})" if chain is not None
+                     else "the journal holds none of it")
+            self._problem("truncated", f"{rid} life {life}: an earlier audit saw r{revision} (head {head[:12]}), but "
+                                       f"{holds}: the journal was cut back or rewritten since",
+                          chain.last_location if chain is not None else None, rid,
+                          chain.rollout_id if chain is not None else None, revision)
         expect_anchors = self.verifier is not None or self._checkpoints > 0
         anchored_lives = 0
         for chain in lives:
@@ -401,9 +437,10 @@ def _span(first: int, last: int) -> str:
 
 
 def audit_events(events: Iterable[JournaledEvent], report: ReadReport, verifier: HeadVerifier | None = None,
-                 resource: str | None = None) -> tuple[list[AuditedMutation], AuditSummary]:
+                 resource: str | None = None, witness: Mapping[tuple[str, int], tuple[int, str]] | None = None,
+                 ) -> tuple[list[AuditedMutation], AuditSummary]:
     """Audit a whole stream at once (for a single rollout or a test; the CLI streams rows)."""
-    auditor = ChainAuditor(verifier, resource)
+    auditor = ChainAuditor(verifier, resource, witness)
     rows = [row for item in events if (row := auditor.feed(item)) is not None]
     return rows, auditor.finish(report)
 
@@ -412,6 +449,18 @@ def row_json(row: AuditedMutation) -> str:
     doc = asdict(row)
     doc["time"] = row.time
     return json.dumps(doc)
+
+
+def load_witness(path: str | None) -> dict[tuple[str, int], tuple[int, str]]:
+    """The heads an earlier ``audit --json`` printed (its ``resources``), as a witness keeps them."""
+    if not path:
+        return {}
+    try:
+        doc = json.loads(Path(path).read_text())
+        return {(r["resource_id"], int(r["life"])): (int(r["revision"]), str(r["head"])) for r in doc["resources"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ConfigurationError(f"--witness {path}: not the JSON of an earlier `rollout-journal audit --json` "
+                                 f"({type(exc).__name__}: {exc})") from None
 
 
 def public_key_verifier(path_or_pem: str | None) -> HeadVerifier | None:
@@ -432,6 +481,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("resource", nargs="?", help="audit only this resource (e.g. demo-g0-s0/mail)")
     add_journal_argument(p)
     add_public_key_argument(p)
+    p.add_argument("--witness", metavar="JSON",
+                   help="the output of an earlier `audit --json`: every head it saw must still be in the journal, "
+                        "unchanged (catches a journal cut back at a commit boundary, which no chain can)")
     p.add_argument("--json", action="store_true", help="one JSON document: mutations, chain_ok, problems, anchors")
 
 
@@ -443,7 +495,7 @@ def add_public_key_argument(p: argparse.ArgumentParser) -> None:
 
 def run_command(args: argparse.Namespace) -> int:
     verifier = public_key_verifier(args.public_key)
-    auditor = ChainAuditor(verifier, args.resource)
+    auditor = ChainAuditor(verifier, args.resource, load_witness(args.witness))
     report = ReadReport()
     with open_for_reading(args.journal) as journal:
         rows: Iterable[AuditedMutation] = (

@@ -273,6 +273,39 @@ def test_a_journal_without_checkpoints_is_not_anchored_yet_its_chain_verifies(pr
     assert not expected.chain_ok and {p.kind for p in expected.problems} == {"unanchored"}
 
 
+def test_a_journal_cut_back_at_a_commit_boundary_is_caught_only_by_a_witness(
+        signed_copy: Path, writer_key: HeadSigner, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    public = tmp_path / "verify.pem"
+    public.write_bytes(writer_key.public_pem())
+    assert cli_main(["audit", "--journal", str(signed_copy), "--public-key", str(public), "--json"]) == 0
+    witness = tmp_path / "witness.json"  # what an earlier audit printed, kept elsewhere
+    witness.write_text(capsys.readouterr().out)
+    log = TamperedLog(signed_copy)
+    last = next(i for i in reversed(range(len(log.batches)))
+                if any(isinstance(e, ResourceMutation) for _, e in log.batches[i].records))
+    cut = [e for _, e in log.batches[last].records if isinstance(e, ResourceMutation)][-1]
+    log.batches = log.batches[:last]  # whole commits, signed heads and all: a genuine older journal
+    log.save()
+
+    assert audit(signed_copy, HeadVerifier(writer_key.public_key)).chain_ok  # no chain can tell
+    assert cli_main(["audit", "--journal", str(signed_copy), "--public-key", str(public),
+                     "--witness", str(witness)]) == 1
+    out = capsys.readouterr().out
+    assert f"PROBLEM truncated: {cut.resource_id} life 0: an earlier audit saw r{cut.revision}" in out
+
+
+def test_a_rewrite_the_witness_saw_is_named(signed_copy: Path, writer_key: HeadSigner, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    assert cli_main(["audit", "--journal", str(signed_copy), "--json"]) == 0
+    witness = tmp_path / "witness.json"
+    witness.write_text(capsys.readouterr().out)
+    log, changed, resource = recompute_without_the_key(signed_copy)
+    log.resign_heads(changed.header.rollout_id, signer=HeadSigner.generate())  # and the vandal's own key
+    log.save()
+    assert cli_main(["audit", "--journal", str(signed_copy), "--witness", str(witness)]) == 1  # no public key given
+    assert f"PROBLEM rewritten: {resource} life 0" in capsys.readouterr().out
+
+
 # -- the command line -------------------------------------------------------------------
 
 def test_the_command_lists_mutations_and_says_the_heads_verify(pristine: dict[str, Path], writer_key: HeadSigner,
