@@ -276,7 +276,7 @@ def start_local_cluster(
     root = Path(tempfile.mkdtemp(prefix="rollout-journal-kafka-")) if data_dir is None else Path(data_dir)
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    ports = _free_ports(2 * nodes)
+    ports = free_ports(2 * nodes)
     members = [
         LocalKafkaNode(
             node_id=i + 1, port=ports[2 * i], controller_port=ports[2 * i + 1],
@@ -322,7 +322,7 @@ def start_local_cluster(
     return cluster
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports: all sockets stay bound until every port is picked."""
     with contextlib.ExitStack() as stack:
         ports = []
