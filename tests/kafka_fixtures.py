@@ -20,6 +20,7 @@ It never skips: with no broker at all, every test needing one fails with the rea
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
@@ -60,7 +61,7 @@ def docker_path_problems(*, engine: bool = True, testcontainers: bool = False, c
         problems.append(f"the broker image {image_name()} is not built: run `python3 -m compose.broker_image build`")
     if testcontainers:
         try:
-            import testcontainers.core.container  # noqa: F401
+            importlib.import_module("testcontainers.core.container")
         except ImportError:
             problems.append("testcontainers is not installed: `pip install -e '.[docker]'`")
     if compose_tool and shutil.which("docker-compose") is None:
