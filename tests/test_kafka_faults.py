@@ -114,7 +114,12 @@ def writer(settings: KafkaSettings, stop: threading.Event, out: WriterLog) -> No
 
 
 def test_a_killed_partition_leader_loses_no_committed_batch_and_duplicates_none(kafka_cluster3) -> None:
-    cluster = kafka_cluster3
+    leader_kill_drill(kafka_cluster3)
+
+
+def leader_kill_drill(cluster) -> None:
+    """The drill on any 3-broker cluster with ``bootstrap_servers``, ``partition_leader``,
+    ``kill_node`` and ``restart_node`` (the jar launcher's, or compose's in test_docker_path)."""
     settings = KafkaSettings(
         bootstrap_servers=cluster.bootstrap_servers, namespace="faults", partitions=3,
         replication_factor=3, min_insync_replicas=2, transactional_id="fault-writer-0",
