@@ -68,12 +68,13 @@ def committed_at_crash(journal: Journal) -> dict[str, AtCrash]:
             continue
         loaded = snapshots.get(rollout_id)
         covered = RolloutState.from_bytes(loaded.state, loaded.location) if loaded is not None else None
-        same_life = covered is not None and covered.restarts == progress.restarts
+        if covered is not None and covered.restarts != progress.restarts:
+            covered = None  # a snapshot of a conversation since started over keeps nothing of this one
         out[rollout_id] = AtCrash(
             turns=progress.next_turn, finished=progress.finished, attempt=progress.attempt,
             restarts=progress.restarts, output_tokens=progress.output_tokens,
-            snapshot_turns=covered.next_turn if same_life else 0,
-            snapshot_tokens=covered.output_tokens if same_life else 0,
+            snapshot_turns=covered.next_turn if covered is not None else 0,
+            snapshot_tokens=covered.output_tokens if covered is not None else 0,
         )
     return out
 

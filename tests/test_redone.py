@@ -14,7 +14,14 @@ from pathlib import Path
 import numpy as np
 
 from bench.common import turn_events
-from journal import AttemptFenced, AttemptStarted, Header, Message, SnapshotDraft, open_journal
+from journal import (
+    AttemptFenced,
+    AttemptStarted,
+    Header,
+    Message,
+    SnapshotDraft,
+    open_journal,
+)
 from participants.rollout_state import RolloutState
 from replay.redone import committed_at_crash, redone_after_crash
 
