@@ -12,9 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bench.common import turn_events
 from journal import (
+    AppendReceipt,
     AttemptFenced,
     AttemptStarted,
     Header,
@@ -23,7 +25,7 @@ from journal import (
     open_journal,
 )
 from participants.rollout_state import RolloutState
-from replay.redone import committed_at_crash, redone_after_crash
+from replay.redone import UncountableJournalError, committed_at_crash, redone_after_crash
 
 OUTPUT = {0: 5, 1: 7, 2: 3}  # output tokens of each turn's model call
 
@@ -39,14 +41,14 @@ class Writer:
     def header(self, attempt: int, turn: int) -> Header:
         return Header(self.rollout_id, self.state.group_id, attempt, attempt, turn, self.seq, 0, "test")
 
-    def commit(self, events: list, snapshot: bool = False) -> None:
+    def commit(self, events: list, snapshot: bool = False) -> AppendReceipt:
         for event in events:
             self.state.apply(event)
         self.seq = self.state.next_seq
         draft = None
         if snapshot:
             draft = SnapshotDraft(events[-1].header, "running", self.seq - 1, self.state.to_bytes())
-        self.journal.append(events, draft).result()
+        return self.journal.append(events, draft).result()
 
     def start(self, attempt: int, resumed_from_turn: int) -> None:
         messages = [Message("system", "s"), Message("user", "u")] if resumed_from_turn == 0 else []
@@ -56,10 +58,10 @@ class Writer:
             events.append(AttemptFenced(self.header(attempt, resumed_from_turn), attempt - 1, attempt - 1, "test"))
         self.commit(events, snapshot=attempt == 1)
 
-    def turn(self, attempt: int, turn: int, *, snapshot: bool = False) -> None:
+    def turn(self, attempt: int, turn: int, *, snapshot: bool = False) -> AppendReceipt:
         events = turn_events(self.rollout_id, turn, self.seq, self.rng, prompt_delta=4, output=OUTPUT[turn],
                              attempt=attempt)
-        self.commit(events, snapshot=snapshot)
+        return self.commit(events, snapshot=snapshot)
 
 
 def crashed_after_two_turns(journal, rollout_id: str) -> Writer:
@@ -115,3 +117,21 @@ def test_attempt_one_s_own_turns_are_never_redone_work(tmp_path: Path) -> None:
         at_crash = committed_at_crash(journal)
         redone = redone_after_crash(journal, at_crash)
     assert (redone["w-g0-s0"].turns, redone["w-g0-s0"].tokens) == (0, 0)
+
+
+def test_a_journal_that_does_not_read_whole_is_not_counted(tmp_path: Path) -> None:
+    """A committed turn lost to a bad record must not turn into a better figure (one turn
+    fewer committed at the crash, so one redone turn fewer): counting refuses."""
+    with open_journal(str(tmp_path / "journal"), writer="test") as journal:
+        writer = Writer(journal, "w-g0-s0")
+        writer.start(1, 0)
+        first = writer.turn(1, 0)
+        writer.turn(1, 1)
+    with open(first.locations[0].source, "r+b") as segment:  # one byte of turn 0's model call inverted
+        segment.seek(first.locations[0].offset + 20)
+        byte = segment.read(1)
+        segment.seek(first.locations[0].offset + 20)
+        segment.write(bytes([byte[0] ^ 0xFF]))
+    with open_journal(str(tmp_path / "journal"), writer="test", read_only=True) as journal, \
+            pytest.raises(UncountableJournalError, match="w-g0-s0"):
+        committed_at_crash(journal)
