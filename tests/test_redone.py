@@ -25,7 +25,11 @@ from journal import (
     open_journal,
 )
 from participants.rollout_state import RolloutState
-from replay.redone import UncountableJournalError, committed_at_crash, redone_after_crash
+from replay.redone import (
+    UncountableJournalError,
+    committed_at_crash,
+    redone_after_crash,
+)
 
 OUTPUT = {0: 5, 1: 7, 2: 3}  # output tokens of each turn's model call
 
