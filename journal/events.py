@@ -168,6 +168,11 @@ RolloutEvent = Union[
 ]
 Record = Union[RolloutEvent, Snapshot, BlobChunk]
 
+ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
+)
+"""What the events stream holds; a Snapshot or BlobChunk found there is a foreign record."""
+
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted,
     RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk,

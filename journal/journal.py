@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
 from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
-from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent
+from .events import ROLLOUT_EVENT_TYPES, AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
 from .snapshots import SnapshotDraft, SnapshotIndex, blob_tombstones, fence_key, load_snapshots, snapshot_records
@@ -182,7 +182,13 @@ class Journal:
         try:
             if stored.error is not None:
                 raise CorruptRecordError(stored.location, stored.error)
-            return self.codec.decode(stored.value, stored.location)
+            if stored.value is None:  # a tombstone written by a foreign producer: no record at all
+                raise CorruptRecordError(stored.location, "the record has no value (null); no journal event does")
+            record = self.codec.decode(stored.value, stored.location)
+            if not isinstance(record, ROLLOUT_EVENT_TYPES):
+                raise CorruptRecordError(stored.location, f"holds a {type(record).__name__} record, not a rollout "
+                                                          "event (it belongs on the snapshot stream)")
+            return record
         except JournalError as exc:
             if report is None:
                 raise
@@ -220,7 +226,9 @@ class Journal:
                     continue
                 if cursor is not None and cursor.after_seq >= 0 and stored.error is None:
                     try:
-                        if peek_seq(stored.value) <= cursor.after_seq:
+                        # Only a rollout event's header may be peeked: any other bytes are decoded and reported.
+                        if self.codec.record_class(stored.value) in ROLLOUT_EVENT_TYPES \
+                                and peek_seq(stored.value) <= cursor.after_seq:
                             continue  # covered by the snapshot: skip without decoding
                     except (IndexError, ValueError):
                         pass  # let the full decode name what is wrong

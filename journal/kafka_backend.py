@@ -436,6 +436,9 @@ class KafkaBackend(Backend):
         if not records:
             self._check_writable()
             return []
+        for record in records:
+            if record.value is None and record.stream is Stream.EVENTS:  # as the file backend: readers would choke
+                raise ValueError(f"event record {record.key!r} has no value; only snapshots take tombstones")
         if not self.transactional:
             return self._commit_plain(records)
         return self.stage(records).commit()

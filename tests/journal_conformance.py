@@ -220,6 +220,22 @@ class JournalConformance:
         assert [e.location.offset for e in report.errors] == [bad.offset, wrong_magic.offset]
         assert isinstance(report.errors[1], CorruptRecordError) and "magic" in str(report.errors[1])
 
+    def test_an_event_record_without_a_value_is_refused_at_commit(self, journal: Journal) -> None:
+        with pytest.raises(ValueError, match="r1"):
+            journal.backend.commit([OutRecord(Stream.EVENTS, "r1", None, "r1")])
+        journal.append_sync([started("r1", 0)])  # the writer goes on
+        assert [e.event.header.seq for e in journal.read_rollout("r1")] == [0]
+
+    def test_a_snapshot_stream_record_on_the_events_stream_is_reported(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0)], SnapshotDraft(header("r1", 0), "running", 0, b"s"))
+        snapshot_bytes = next(r.value for r in journal.backend.read_snapshots() if r.key == "r1")
+        loc = journal.backend.commit([OutRecord(Stream.EVENTS, "r1", snapshot_bytes, "r1")])[0]
+        journal.append_sync([turn_done("r1", 1)])
+        for cursor in (Cursor(), Cursor(0, after_seq=0)):  # a full read, and one that peeks seqs
+            report = ReadReport()
+            assert [e.event.header.seq for e in journal.read_rollout("r1", cursor, report)][-1] == 1
+            assert [e.location for e in report.errors] == [loc] and "Snapshot" in str(report.errors[0])
+
     def test_an_unreadable_avro_body_is_named(self, journal: Journal) -> None:
         good = journal.codec.encode(turn_done("r1", 1))
         journal.append_sync([started("r1", 0)])

@@ -14,13 +14,19 @@ from journal.backend import OutRecord, StoredRecord, Stream, partition_for
 from journal.errors import (
     AbortableCommitError,
     ConfigurationError,
+    CorruptRecordError,
     FatalJournalError,
     JournalClosedError,
     ProducerFencedError,
     RecordLocation,
 )
+from journal.events import BlobChunk
+from journal.journal import Cursor, Journal, ReadReport
 from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings
+from journal.restore import load_rollouts
+from journal.snapshots import SnapshotDraft
+from tests.journal_conformance import header, started, turn_done
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -256,6 +262,42 @@ def test_a_record_with_a_non_utf8_key_is_reported_and_reading_goes_on(backend: K
     assert read[0].error is None and read[3].error is None
     assert read[1].error is not None and "not UTF-8" in read[1].error and backend.events_topic in read[1].error
     assert read[2].error is not None and "no key" in read[2].error
+
+
+def plain_producer(backend: KafkaBackend) -> Producer:
+    """A producer that is no journal writer: what a foreign tool or a misconfigured job writes."""
+    return Producer({k: v for k, v in backend.producer_config().items() if k not in ("transactional.id", "transaction.timeout.ms")})
+
+
+def test_a_null_or_foreign_value_on_the_events_topic_is_reported_by_every_read_path(backend: KafkaBackend) -> None:
+    journal = Journal(backend)
+    partition = journal.partition_of("r1")
+    journal.append_sync([started("r1", 0), turn_done("r1", 1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"s"))
+    raw = plain_producer(backend)
+    raw.produce(backend.events_topic, key=b"r1", value=None, partition=partition)  # a tombstone where none belongs
+    foreign = journal.codec.encode(BlobChunk("0" * 64, 0, 1, b"not an event"))  # single-object Avro, wrong stream
+    raw.produce(backend.events_topic, key=b"r1", value=foreign, partition=partition)
+    assert raw.flush(10) == 0
+    journal.append_sync([turn_done("r1", 2, turn=2)])
+    bad = [r.location for r in backend.read_events(partition) if r.value is None or r.value == foreign]
+    assert len(bad) == 2
+
+    with pytest.raises(CorruptRecordError) as info:
+        list(journal.read_rollout("r1"))
+    assert str(bad[0]) in str(info.value)
+    for read in (lambda report: journal.read_rollout("r1", report=report),
+                 lambda report: journal.read_rollout("r1", Cursor(0, after_seq=1), report),  # the seq-peeking path
+                 lambda report: journal.scan(report)):
+        report = ReadReport()
+        seqs = [e.event.header.seq for e in read(report)]
+        assert seqs[-1] == 2
+        assert [e.location for e in report.errors] == bad
+        assert "null" in str(report.errors[0]) and "BlobChunk" in str(report.errors[1])
+    plan = load_rollouts(journal)
+    assert [e.event.header.seq for e in plan.rollouts["r1"].events] == [2]
+    assert [e.location for e in plan.report.errors] == bad
+    journal.close()
+
 
 
 # -- compaction -----------------------------------------------------------------------------------
