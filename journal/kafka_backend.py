@@ -23,7 +23,11 @@ Errors are classified the librdkafka way:
   transaction): the transaction is aborted and ``AbortableCommitError`` raised;
   nothing of the batch is visible and the caller may redo it;
 - fenced (``_FENCED``, ``PRODUCER_FENCED``, ``INVALID_PRODUCER_EPOCH``):
-  ``ProducerFencedError``;
+  ``ProducerFencedError``, wherever the zombie learns it (usually the produce and
+  flush of its next batch). The delivery callback only stores its report (calling
+  into the message while confluent-kafka holds the pending fatal error would turn
+  it into a ``SystemError``); a fenced backend's later commits raise
+  ``ProducerFencedError`` too, and closing it never tries to abort;
 - fatal or anything else: ``FatalJournalError``. After either of these the backend
   refuses every further commit.
 
@@ -59,6 +63,7 @@ import logging
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -110,6 +115,20 @@ def _kafka_error(exc: BaseException) -> KafkaError | None:
     return None
 
 
+def _unwrapped(exc: BaseException) -> KafkaException:
+    """The KafkaException behind a failed producer call (re-raises anything else).
+
+    confluent-kafka raises a fatal error (a fenced producer) from inside ``flush()``
+    or ``poll()`` and may go on serving callbacks, its log callback included, with
+    that exception pending; CPython then reports a ``SystemError`` whose cause is
+    the ``KafkaException``."""
+    if isinstance(exc, KafkaException):
+        return exc
+    if isinstance(exc.__cause__, KafkaException):
+        return exc.__cause__
+    raise exc
+
+
 def _describe(err: KafkaError) -> str:
     return f"{err.name()}: {err.str()}"
 
@@ -156,20 +175,28 @@ class StagedCommit:
 class _Deliveries:
     """Delivery reports of one batch, in record order."""
 
-    __slots__ = ("locations", "errors")
+    __slots__ = ("reports",)
 
     def __init__(self, n: int) -> None:
-        self.locations: list[RecordLocation | None] = [None] * n
-        self.errors: list[tuple[int, KafkaError, str, int]] = []
+        self.reports: list[tuple[KafkaError | None, Any] | None] = [None] * n
 
     def callback(self, index: int) -> Callable[[KafkaError | None, Any], None]:
+        reports = self.reports
+
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
-            if err is not None:
-                self.errors.append((index, err, msg.topic(), msg.partition()))
-            else:
-                self.locations[index] = RecordLocation(msg.topic(), msg.partition(), msg.offset())
+            # Runs inside produce()/flush(), possibly while confluent-kafka holds a pending fatal
+            # error (a fenced producer): any call made here, msg.topic() or list.append, would turn
+            # it into a SystemError. So only store; the message is read once flush() has returned.
+            reports[index] = (err, msg)
 
         return on_delivery
+
+    def errors(self) -> list[tuple[int, KafkaError]]:
+        return [(i, r[0]) for i, r in enumerate(self.reports) if r is not None and r[0] is not None]
+
+    def locations(self) -> list[RecordLocation]:
+        """Where each record landed; call only when every report arrived without error."""
+        return [RecordLocation(msg.topic(), msg.partition(), msg.offset()) for _, msg in self.reports]  # type: ignore[misc]
 
 
 class KafkaBackend(Backend):
@@ -388,7 +415,8 @@ class KafkaBackend(Backend):
             try:
                 producer.init_transactions(max(1.0, deadline - time.monotonic()))
                 return producer
-            except KafkaException as exc:
+            except (KafkaException, SystemError) as raised:
+                exc = _unwrapped(raised)
                 err = _kafka_error(exc)
                 where = f"init_transactions of transactional id {self.settings.transactional_id} on {self.settings.bootstrap_servers}"
                 if err is not None and err.retriable() and not err.fatal() and time.monotonic() < deadline:
@@ -421,7 +449,8 @@ class KafkaBackend(Backend):
         if self._closed:
             raise JournalClosedError(f"Kafka backend for {self.events_topic} is closed")
         if self._failed is not None:
-            raise FatalJournalError(
+            fenced = isinstance(self._failed, ProducerFencedError)  # stays "fenced" for every later caller
+            raise (ProducerFencedError if fenced else FatalJournalError)(
                 f"commit refused: the producer of transactional id {self.transactional_id} failed earlier "
                 f"({self._failed}); open a new backend (its producer fences this one)"
             ) from self._failed
@@ -480,15 +509,17 @@ class KafkaBackend(Backend):
                     )
                     break
                 except BufferError:  # local queue full: serve delivery reports, then retry
-                    producer.poll(0.05)
-                except KafkaException as exc:
+                    self._serving_reports(producer, lambda: producer.poll(0.05), in_txn)
+                except (KafkaException, SystemError) as raised:
+                    exc = _unwrapped(raised)
                     err = _kafka_error(exc)
                     if err is not None and err.retriable() and not err.fatal() and time.monotonic() < deadline:
-                        producer.poll(_BACKOFF_FIRST_S)
+                        self._serving_reports(producer, lambda: producer.poll(_BACKOFF_FIRST_S), in_txn)
                         continue
                     self._raise_classified(producer, exc, f"producing to topic {topic} partition {partition}", in_txn)
         while True:
-            remaining = producer.flush(max(0.0, min(1.0, deadline - time.monotonic())))
+            remaining = self._serving_reports(
+                producer, lambda: producer.flush(max(0.0, min(1.0, deadline - time.monotonic()))), in_txn)
             if remaining == 0:
                 break
             if time.monotonic() >= deadline:
@@ -497,11 +528,13 @@ class KafkaBackend(Backend):
                     self._abort_transaction(producer, reason=what)
                     raise AbortableCommitError(f"transactional id {self.transactional_id}: {what}; batch aborted")
                 self._fail(FatalJournalError(f"{what} (non-transactional producer)"))
-        if deliveries.errors:
-            index, err, topic, partition = deliveries.errors[0]
+        failed = deliveries.errors()
+        if failed:
+            index, err = failed[0]
+            topic, partition = topics[records[index].stream], partition_for(records[index].partition_key, n)
             where = (
                 f"delivery of record {index} (key {records[index].key!r}) to topic {topic} partition {partition} "
-                f"failed: {_describe(err)}" + (f" (and {len(deliveries.errors) - 1} more)" if len(deliveries.errors) > 1 else "")
+                f"failed: {_describe(err)}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
             )
             if not in_txn:
                 self._fail(FatalJournalError(f"{where}; a prefix of the batch may be written (non-transactional)"))
@@ -511,7 +544,18 @@ class KafkaBackend(Backend):
                 self._fail(FatalJournalError(f"transactional id {self.transactional_id}: {where}"))
             self._abort_transaction(producer, reason=where)
             raise AbortableCommitError(f"transactional id {self.transactional_id}: {where}; batch aborted, redo it")
-        return deliveries.locations  # type: ignore[return-value]  # every entry set: no errors, none pending
+        return deliveries.locations()
+
+    def _serving_reports(self, producer: Producer, call: Callable[[], Any], in_txn: bool) -> Any:
+        """``poll``/``flush``: a fatal error they raise (fenced) is classified, never passed on raw."""
+        try:
+            return call()
+        except (KafkaException, SystemError) as raised:
+            exc = _unwrapped(raised)
+            err = _kafka_error(exc)
+            if err is not None and err.code() == KafkaError._TIMED_OUT and not err.fatal():
+                return len(producer)  # nothing delivered in time yet: the caller's deadline decides
+            self._raise_classified(producer, exc, "flush", in_txn)
 
     def _note_committed(self, locations: Sequence[RecordLocation]) -> None:
         ends = self._committed_end
@@ -541,7 +585,8 @@ class KafkaBackend(Backend):
             try:
                 producer.abort_transaction(max(1.0, deadline - time.monotonic()))
                 return
-            except KafkaException as exc:
+            except (KafkaException, SystemError) as raised:
+                exc = _unwrapped(raised)
                 err = _kafka_error(exc)
                 if err is not None and err.retriable() and not err.fatal() and time.monotonic() < deadline:
                     time.sleep(backoff)
@@ -565,7 +610,8 @@ class KafkaBackend(Backend):
                 else:
                     call()
                 return
-            except KafkaException as exc:
+            except (KafkaException, SystemError) as raised:
+                exc = _unwrapped(raised)
                 err = _kafka_error(exc)
                 if (
                     err is not None and err.retriable() and not err.fatal() and not err.txn_requires_abort()
@@ -808,9 +854,17 @@ class KafkaBackend(Backend):
                     remaining = producer.flush(self.settings.operation_timeout_ms / 1000)
                     if remaining:
                         log.error("closing producer %s with %d undelivered records", self.transactional_id, remaining)
-                except KafkaException as exc:
+                except (KafkaException, SystemError) as exc:
                     log.warning("flushing producer %s on close: %s", self.transactional_id, exc)
-            _close_client(producer)
+                _close_client(producer)
+            else:
+                # Producer.close() aborts the open transaction first; a fenced or fatally failed producer
+                # cannot, and says so with a RuntimeWarning. The failure was raised already: log it only.
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    _close_client(producer)
+                for warning in caught:
+                    log.debug("closing failed producer %s: %s", self.transactional_id, warning.message)
         for consumer in consumers:
             _close_client(consumer)
 

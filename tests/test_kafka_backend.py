@@ -201,6 +201,26 @@ def test_a_zombie_writer_is_fenced_and_its_open_batch_never_appears(settings: Ka
         zombie.close()
 
 
+def test_a_zombie_fenced_between_transactions_learns_it_on_produce_as_producer_fenced(
+    settings: KafkaSettings, recwarn: pytest.WarningsRecorder
+) -> None:
+    # The usual way a zombie learns it lost its slot: its next batch, produced and flushed after
+    # the replacement's init_transactions, is refused by the coordinator (_FENCED, fatal).
+    zombie = KafkaBackend(settings)
+    zombie.commit([event("r", b"zombie-before")])
+    with KafkaBackend(settings) as fresh:
+        batch = [event(f"r{i}", f"zombie-{i}".encode()) for i in range(12)]  # every partition
+        with pytest.raises(ProducerFencedError, match=settings.transactional_id):
+            zombie.commit(batch)
+        with pytest.raises(ProducerFencedError, match="refused"):
+            zombie.commit([event("r", b"zombie-again")])
+        zombie.close()
+        assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in recwarn]
+        fresh.commit([event("r", b"fresh")])
+        seen = [v for p in range(fresh.partitions) for v in values(list(fresh.read_events(p)))]
+        assert sorted(seen) == [b"fresh", b"zombie-before"]
+
+
 def test_a_reader_never_fences_the_writer(backend: KafkaBackend, settings: KafkaSettings) -> None:
     backend.commit([event("r", b"one")])
     with KafkaBackend(settings, transactional=False, create_topics=False) as reader:
