@@ -9,8 +9,9 @@ restore finds a rollout's events without scanning history. Topics are created
 by the backend itself, never by broker auto-creation.
 
 Writing: a backend built with ``transactional=True`` (the default) holds one
-transactional, idempotent, ``acks=all`` producer whose ``transactional.id`` is the
-worker's slot name; :meth:`KafkaBackend.commit` is one Kafka transaction, so a
+transactional, idempotent, ``acks=all`` producer whose ``transactional.id`` is
+``<namespace>.<slot>`` (the worker's slot name, qualified by the namespace so
+that a job in another namespace on the same cluster never fences this one); :meth:`KafkaBackend.commit` is one Kafka transaction, so a
 batch is wholly visible to read_committed readers or not at all. Constructing a
 backend calls ``init_transactions``, which fences any older producer with the
 same id (a zombie worker) and completes or aborts its open transaction.
@@ -240,7 +241,8 @@ class KafkaBackend(Backend):
 
     @property
     def transactional_id(self) -> str | None:
-        return self.settings.transactional_id if self.transactional else None
+        """The producer's ``transactional.id``: ``<namespace>.<slot>`` (see ``KafkaSettings.producer_transactional_id``)."""
+        return self.settings.producer_transactional_id if self.transactional else None
 
     # -- client configuration --------------------------------------------------------------
 
@@ -265,7 +267,7 @@ class KafkaBackend(Backend):
             "error_cb": self._on_producer_error,
         })
         if self.transactional:
-            cfg["transactional.id"] = s.transactional_id
+            cfg["transactional.id"] = s.producer_transactional_id
             cfg["transaction.timeout.ms"] = s.transaction_timeout_ms
         cfg.update(s.librdkafka)
         return cfg
@@ -418,7 +420,7 @@ class KafkaBackend(Backend):
             except (KafkaException, SystemError) as raised:
                 exc = _unwrapped(raised)
                 err = _kafka_error(exc)
-                where = f"init_transactions of transactional id {self.settings.transactional_id} on {self.settings.bootstrap_servers}"
+                where = f"init_transactions of transactional id {self.transactional_id} on {self.settings.bootstrap_servers}"
                 if err is not None and err.retriable() and not err.fatal() and time.monotonic() < deadline:
                     log.warning("%s: %s; retrying", where, _describe(err))
                     time.sleep(backoff)

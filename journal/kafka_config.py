@@ -105,7 +105,8 @@ class KafkaSettings(BaseModel):
     min_insync_replicas: int = Field(1, ge=1)
     transactional_id: str | None = None
     """The worker's stable slot name (``worker-0``). Required to commit; readers leave it unset
-    so they never fence the worker that owns the slot."""
+    so they never fence the worker that owns the slot. The producer's ``transactional.id`` is
+    ``<namespace>.<slot>`` (:attr:`producer_transactional_id`)."""
     transaction_timeout_ms: int = Field(60_000, ge=1000, le=900_000)
     events_retention_ms: int = Field(-1, ge=-1)
     """-1 keeps events forever: they are the audit trail."""
@@ -195,6 +196,14 @@ class KafkaSettings(BaseModel):
     @property
     def snapshots_topic(self) -> str:
         return f"{self.namespace}.snapshots"
+
+    @property
+    def producer_transactional_id(self) -> str | None:
+        """``<namespace>.<slot>``: Kafka fences by ``transactional.id`` across the whole cluster,
+        so a bare slot name (``worker-0``) would let a job in another namespace fence this one.
+        The per-partition writers of a worker fleet use the slots ``p<N>`` (``<namespace>.p<N>``),
+        so a single worker's slot should not be named ``p<N>``."""
+        return None if self.transactional_id is None else f"{self.namespace}.{self.transactional_id}"
 
     # -- secrets stay out of repr/str/logs ---------------------------------------------------
 

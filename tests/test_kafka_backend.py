@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -219,6 +220,20 @@ def test_a_zombie_fenced_between_transactions_learns_it_on_produce_as_producer_f
         fresh.commit([event("r", b"fresh")])
         seen = [v for p in range(fresh.partitions) for v in values(list(fresh.read_events(p)))]
         assert sorted(seen) == [b"fresh", b"zombie-before"]
+
+
+def test_the_same_slot_in_another_namespace_never_fences_the_writer(kafka_bootstrap: str) -> None:
+    # Two jobs on one cluster, each with its default slot name: neither may fence the other.
+    slot = f"worker-{uuid.uuid4().hex[:6]}"
+    first = make_settings(kafka_bootstrap, f"job-a-{uuid.uuid4().hex[:6]}", transactional_id=slot)
+    second = make_settings(kafka_bootstrap, f"job-b-{uuid.uuid4().hex[:6]}", transactional_id=slot)
+    with KafkaBackend(first) as a:
+        a.commit([event("r", b"a-1")])
+        with KafkaBackend(second) as b:
+            b.commit([event("r", b"b-1")])
+            a.commit([event("r", b"a-2")])  # still the owner of its slot in its namespace
+            assert a.producer_config()["transactional.id"] == f"{first.namespace}.{slot}"
+        assert values(list(a.read_events(partition_for("r", a.partitions)))) == [b"a-1", b"a-2"]
 
 
 def test_a_reader_never_fences_the_writer(backend: KafkaBackend, settings: KafkaSettings) -> None:
@@ -502,7 +517,7 @@ def test_librdkafka_passthrough_reaches_every_client(settings: KafkaSettings) ->
             assert cfg["socket.keepalive.enable"] == "true"
         producer = b.producer_config()
         assert producer["enable.idempotence"] is True and producer["acks"] == "all"
-        assert producer["transactional.id"] == s.transactional_id
+        assert producer["transactional.id"] == f"{s.namespace}.{s.transactional_id}"
         assert b.consumer_config()["isolation.level"] == "read_committed"
         b.commit([event("r", b"works")])
         assert values(list(b.read_events(partition_for("r", b.partitions)))) == [b"works"]
