@@ -69,7 +69,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .errors import (
@@ -82,16 +82,12 @@ from .errors import (
     RecordLocation,
 )
 from .kafka_config import KafkaSettings, redact_config
+from .kafka_topics import TopicState, prepare_topics, topic_configs
 
 log = logging.getLogger(__name__)
 client_log = logging.getLogger("journal.kafka.librdkafka")
 
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
-_CONFIG_ERROR_CODES = frozenset({
-    KafkaError.INVALID_REPLICATION_FACTOR, KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_CONFIG,
-    KafkaError.POLICY_VIOLATION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-    KafkaError.TOPIC_EXCEPTION, KafkaError.INVALID_REQUEST,
-})
 INIT_TRANSACTIONS_TIMEOUT_S = 60.0  # the first init on a cluster creates __transaction_state
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 2.0
@@ -222,6 +218,7 @@ class KafkaBackend(Backend):
         # Read-your-writes: commit_transaction returns before the broker has written the commit
         # markers, so the last stable offset lags a few ms; reads wait until it covers our commits.
         self._committed_end: dict[tuple[str, int], int] = {}
+        self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
         self._reader_group = f"rollout-journal-reader-{settings.namespace}-{uuid.uuid4().hex[:8]}"
         if transactional and settings.transactional_id is None:
             raise ConfigurationError(
@@ -312,100 +309,15 @@ class KafkaBackend(Backend):
     # -- topics ---------------------------------------------------------------------------
 
     def topic_configs(self) -> dict[str, dict[str, str]]:
-        """The configs the backend creates its two topics with."""
-        s = self.settings
-        return {
-            self.events_topic: {
-                "cleanup.policy": "delete",
-                "retention.ms": str(s.events_retention_ms),
-                "min.insync.replicas": str(s.min_insync_replicas),
-            },
-            self.snapshots_topic: {
-                "cleanup.policy": "compact",
-                "min.insync.replicas": str(s.min_insync_replicas),
-                "min.cleanable.dirty.ratio": str(s.snapshot_min_cleanable_dirty_ratio),
-                "segment.ms": str(s.snapshot_segment_ms),
-                "segment.bytes": str(s.snapshot_segment_bytes),
-                "delete.retention.ms": str(s.snapshot_delete_retention_ms),
-                "min.compaction.lag.ms": str(s.snapshot_min_compaction_lag_ms),
-            },
-        }
+        """The configs the backend creates its two topics with (see :mod:`journal.kafka_topics`)."""
+        return topic_configs(self.settings)
 
     def _prepare_topics(self, create: bool) -> None:
-        s = self.settings
-        timeout_s = s.operation_timeout_ms / 1000
         admin = _new_client(AdminClient, self.admin_config(), "admin")
         try:
-            wanted = self.topic_configs()
-            if create:
-                new = [
-                    NewTopic(topic, num_partitions=s.partitions, replication_factor=s.replication_factor, config=cfg)
-                    for topic, cfg in wanted.items()
-                ]
-                futures = admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s)
-                for topic, future in futures.items():
-                    try:
-                        future.result()
-                        log.info("created topic %s (%d partitions, replication %d)", topic, s.partitions, s.replication_factor)
-                    except KafkaException as exc:
-                        err = _kafka_error(exc)
-                        if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                            continue
-                        detail = _describe(err) if err is not None else repr(exc)
-                        cls = ConfigurationError if err is None or err.code() in _CONFIG_ERROR_CODES else JournalError
-                        raise cls(
-                            f"cannot create topic {topic} ({s.partitions} partitions, replication factor "
-                            f"{s.replication_factor}) on {s.bootstrap_servers}: {detail}"
-                        ) from exc
-            self._check_topics(admin, wanted, timeout_s, just_created=create)
+            self.topics = prepare_topics(admin, self.settings, create=create)
         finally:
             admin.poll(0)  # deliver queued client logs
-
-    def _check_topics(
-        self, admin: AdminClient, wanted: dict[str, dict[str, str]], timeout_s: float, *, just_created: bool
-    ) -> None:
-        deadline = time.monotonic() + timeout_s
-        for topic in wanted:
-            while True:  # a just-created topic takes a moment to appear with leaders in metadata
-                try:
-                    meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-                except KafkaException as exc:
-                    raise JournalError(
-                        f"cannot read metadata of topic {topic} from {self.settings.bootstrap_servers}: {exc}"
-                    ) from exc
-                missing = meta is None or (
-                    meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                )
-                ready = not missing and meta.error is None and all(p.leader >= 0 for p in meta.partitions.values())
-                if ready or (missing and not just_created) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            if missing:
-                raise ConfigurationError(
-                    f"topic {topic} does not exist on {self.settings.bootstrap_servers}; "
-                    "open the backend with create_topics=True or create it with the configs of topic_configs()"
-                )
-            if meta.error is not None:
-                raise JournalError(f"topic {topic} metadata error: {_describe(meta.error)}")
-            if len(meta.partitions) != self.partitions:
-                raise ConfigurationError(
-                    f"topic {topic} has {len(meta.partitions)} partitions but settings.partitions is "
-                    f"{self.partitions}; records are placed by partition_for(key, partitions), so they must match"
-                )
-        resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in wanted]
-        for resource, future in admin.describe_configs(resources, request_timeout=timeout_s).items():
-            try:
-                entries = future.result()
-            except KafkaException as exc:
-                log.warning("cannot describe configs of topic %s: %s", resource.name, exc)
-                continue
-            policy = entries["cleanup.policy"].value if "cleanup.policy" in entries else None
-            expected = wanted[resource.name]["cleanup.policy"]
-            if policy is not None and set(policy.split(",")) != {expected}:
-                raise ConfigurationError(
-                    f"topic {resource.name} has cleanup.policy={policy}, expected {expected} "
-                    "(events must never be compacted, snapshots must be compacted and never expire)"
-                )
 
     # -- producing ------------------------------------------------------------------------
 

@@ -101,8 +101,11 @@ class KafkaSettings(BaseModel):
     namespace: str
     """Topic prefix: topics are ``<namespace>.events`` and ``<namespace>.snapshots``."""
     partitions: int = Field(8, ge=1)
-    replication_factor: int = Field(1, ge=1)
-    min_insync_replicas: int = Field(1, ge=1)
+    replication_factor: int | None = Field(None, ge=1)
+    """None: the broker's ``default.replication.factor``. An existing topic with fewer replicas is refused."""
+    min_insync_replicas: int | None = Field(None, ge=1)
+    """None: the cluster's. An asked value above the topic's is applied to it; one below is never applied
+    (rollout-journal never lowers ``min.insync.replicas``)."""
     transactional_id: str | None = None
     """The worker's stable slot name (``worker-0``). Required to commit; readers leave it unset
     so they never fence the worker that owns the slot. The producer's ``transactional.id`` is
@@ -180,7 +183,8 @@ class KafkaSettings(BaseModel):
 
     @model_validator(mode="after")
     def _isr_fits_replicas(self) -> "KafkaSettings":
-        if self.min_insync_replicas > self.replication_factor:
+        if None not in (self.min_insync_replicas, self.replication_factor) \
+                and self.min_insync_replicas > self.replication_factor:  # type: ignore[operator]
             raise ValueError(
                 f"min_insync_replicas={self.min_insync_replicas} exceeds replication_factor="
                 f"{self.replication_factor}: every acks=all write would fail"

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 import uuid
 from collections.abc import Iterator
 
 import pytest
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import (
+    AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewTopic, ResourceType,
+)
 
 from journal.backend import OutRecord, StoredRecord, Stream, partition_for
 from journal.errors import (
@@ -410,6 +413,87 @@ def test_topics_are_created_once_with_their_configs(settings: KafkaSettings, kaf
     assert configs[settings.snapshots_topic]["segment.ms"] == str(settings.snapshot_segment_ms)
     assert configs[settings.snapshots_topic]["min.cleanable.dirty.ratio"] == str(settings.snapshot_min_cleanable_dirty_ratio)
     assert configs[settings.snapshots_topic]["delete.retention.ms"] == str(settings.snapshot_delete_retention_ms)
+
+
+def topic_config(admin: AdminClient, topic: str) -> dict[str, ConfigEntry]:
+    """A topic's configs, from a broker that knows the topic (just created: not every one does yet)."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return admin.describe_configs([resource])[resource].result()
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def create_topics(admin: AdminClient, settings: KafkaSettings, replication: int, **config: str) -> None:
+    """The journal's two topics as somebody else created them (a platform team, an older version)."""
+    topics = [NewTopic(settings.events_topic, settings.partitions, replication, config={"cleanup.policy": "delete", **config}),
+              NewTopic(settings.snapshots_topic, settings.partitions, replication,
+                       config={"cleanup.policy": "compact", **config})]
+    for future in admin.create_topics(topics).values():
+        future.result()
+
+
+def test_topics_take_the_clusters_replication_defaults_unless_asked(settings: KafkaSettings, kafka_bootstrap: str) -> None:
+    with KafkaBackend(settings, transactional=False):
+        pass
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for topic in (settings.events_topic, settings.snapshots_topic):
+        entry = topic_config(admin, topic)["min.insync.replicas"]
+        assert entry.source != ConfigSource.DYNAMIC_TOPIC_CONFIG.value, f"{topic} overrides min.insync.replicas"
+
+
+def test_an_existing_topic_whose_min_isr_exceeds_its_replicas_is_refused(
+    settings: KafkaSettings, kafka_bootstrap: str
+) -> None:
+    create_topics(AdminClient({"bootstrap.servers": kafka_bootstrap}), settings, 1, **{"min.insync.replicas": "2"})
+    with pytest.raises(ConfigurationError, match=rf"{settings.events_topic} has min.insync.replicas=2 .*replication factor 1"):
+        KafkaBackend(settings, transactional=False)
+
+
+def test_an_existing_topic_with_fewer_replicas_than_asked_is_refused(settings: KafkaSettings, kafka_bootstrap: str) -> None:
+    create_topics(AdminClient({"bootstrap.servers": kafka_bootstrap}), settings, 1)
+    with pytest.raises(ConfigurationError, match=rf"{settings.events_topic} has replication factor 1 .*replication_factor=3"):
+        KafkaBackend(settings.model_copy(update={"replication_factor": 3}), transactional=False, create_topics=False)
+
+
+@pytest.mark.slow
+def test_on_a_three_broker_cluster_the_defaults_hold_and_min_isr_is_never_lowered(
+    kafka_cluster3, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The 3-node local cluster, like the compose one, sets replication 3 and min.insync.replicas=2."""
+    bootstrap = kafka_cluster3.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    defaults = make_settings(bootstrap, "defaults", partitions=2)
+    with KafkaBackend(defaults) as backend:
+        backend.commit([event("r", b"acks=all reached 2 in-sync replicas")])
+    for topic in (defaults.events_topic, defaults.snapshots_topic):
+        assert {len(p.replicas) for p in admin.list_topics(topic, timeout=10).topics[topic].partitions.values()} == {3}
+        assert topic_config(admin, topic)["min.insync.replicas"].value == "2"
+
+    lower = make_settings(bootstrap, "asks-lower", partitions=2, min_insync_replicas=1)
+    with caplog.at_level(logging.WARNING, logger="journal.kafka_topics"):
+        with KafkaBackend(lower, transactional=False):
+            pass
+    assert topic_config(admin, lower.events_topic)["min.insync.replicas"].value == "2"
+    assert any("min.insync.replicas=2" in r.getMessage() and "never lowers" in r.getMessage() for r in caplog.records)
+
+    higher = make_settings(bootstrap, "asks-higher", partitions=2, replication_factor=3, min_insync_replicas=3)
+    with KafkaBackend(higher, transactional=False):
+        pass
+    assert topic_config(admin, higher.events_topic)["min.insync.replicas"].value == "3"
+
+    weak = make_settings(bootstrap, "weak", partitions=2)
+    create_topics(admin, weak, 3, **{"min.insync.replicas": "1"})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="journal.kafka_topics"):
+        with KafkaBackend(weak, transactional=False):
+            pass
+    assert any(weak.events_topic in r.getMessage() and "min.insync.replicas=1" in r.getMessage() for r in caplog.records)
 
 
 def test_a_partition_count_mismatch_is_a_configuration_error(settings: KafkaSettings) -> None:
