@@ -22,11 +22,13 @@ from .errors import (
     FencedWriteError,
     JournalClosedError,
     JournalError,
+    JournalStoppedError,
     ProducerFencedError,
     RecordLocation,
     RolloutJournalError,
     UnknownSchemaError,
     WriterLockedError,
+    writer_fenced,
 )
 from .events import (
     AttemptFenced,
@@ -68,9 +70,9 @@ __all__ = [
     "AbortableCommitError", "AppendReceipt", "AttemptFenced", "AttemptStarted", "Backend", "BlobChunk", "BlobRef",
     "Codec", "ConfigurationError", "CorruptRecordError", "Cursor", "EpochFence", "FatalJournalError",
     "FencedEventDropped", "FencedWriteError", "FileBackend", "Header", "Journal", "JournalClosedError",
-    "JournalError", "JournaledEvent", "KafkaBackend", "KafkaSettings", "Message", "ModelCall", "OutRecord",
+    "JournalError", "JournalStoppedError", "JournaledEvent", "KafkaBackend", "KafkaSettings", "Message", "ModelCall", "OutRecord",
     "ProducerFencedError", "ReadReport", "Record", "RecordLocation", "ResourceMutation", "RestorePlan",
     "RolloutAcknowledged", "RolloutEvent", "RolloutFinished", "RolloutHistory", "RolloutJournalError",
     "SamplingParams", "Snapshot", "SnapshotDraft", "StoredRecord", "Stream", "TurnCompleted", "UnknownSchemaError",
-    "WriterLockedError", "is_kafka_url", "load_rollouts", "open_backend", "open_journal", "partition_for",
+    "WriterLockedError", "is_kafka_url", "load_rollouts", "open_backend", "open_journal", "partition_for", "writer_fenced",
 ]

@@ -94,3 +94,17 @@ class ProducerFencedError(FatalJournalError):
 
 class JournalClosedError(JournalError):
     """The journal was closed or failed fatally; no more appends are accepted."""
+
+
+class JournalStoppedError(JournalClosedError):
+    """The journal's writer stopped after a fatal error, ``cause``; no more appends are accepted."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"journal stopped after a fatal error: {cause}")
+        self.cause = cause
+
+
+def writer_fenced(error: BaseException) -> bool:
+    """Whether ``error`` means another process took over this writer's slot (directly, or as
+    the cause of a stopped journal): the process should stop, and say so distinctly."""
+    return isinstance(error, ProducerFencedError) or isinstance(getattr(error, "cause", None), ProducerFencedError)

@@ -87,6 +87,23 @@ from .kafka_topics import TopicState, prepare_topics, topic_configs
 log = logging.getLogger(__name__)
 client_log = logging.getLogger("journal.kafka.librdkafka")
 
+
+class _FencingIsATakeover(logging.Filter):
+    """librdkafka logs a fenced producer at ERROR and CRITICAL ("fenced by a newer instance",
+    "operation with an old epoch"). Here that is another process taking over the slot, raised
+    once as ``ProducerFencedError``; its log lines are demoted to INFO."""
+
+    _SIGNS = ("fenced by a newer instance", "operation with an old epoch")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO and any(sign in record.getMessage() for sign in self._SIGNS):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            return client_log.isEnabledFor(logging.INFO)
+        return True
+
+
+client_log.addFilter(_FencingIsATakeover())
+
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 INIT_TRANSACTIONS_TIMEOUT_S = 60.0  # the first init on a cluster creates __transaction_state
 _BACKOFF_FIRST_S = 0.05
@@ -574,7 +591,8 @@ class KafkaBackend(Backend):
     def _fail(self, error: JournalError, cause: BaseException | None = None) -> None:
         """Mark the backend failed (no more commits) and raise ``error``."""
         self._failed = error
-        log.error("%s", error)
+        # Being fenced is a takeover, not a fault of this process: the caller reports it once.
+        log.log(logging.INFO if isinstance(error, ProducerFencedError) else logging.ERROR, "%s", error)
         if cause is not None:
             raise error from cause
         raise error

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from journal.errors import ConfigurationError
+from journal.errors import ConfigurationError, JournalClosedError
 from journal.events import Header
 from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
@@ -187,7 +187,8 @@ class Runner:
         except BaseExceptionGroup as failures:
             first, *others = failures.exceptions
             for other in others:
-                log.error("rollout task also failed: %r", other)
+                if not isinstance(other, JournalClosedError):  # a stopped journal fails every rollout alike
+                    log.error("rollout task also failed: %r", other)
             raise first from None
 
     @property

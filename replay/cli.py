@@ -8,7 +8,9 @@ import logging
 import os
 import sys
 
-from journal.errors import RolloutJournalError
+from journal.errors import RolloutJournalError, writer_fenced
+
+EXIT_FENCED = 3  # another process took over this worker slot (Kafka transactional.id): this one stopped
 
 DESCRIPTION = """\
 Turn-level crash recovery for multi-turn agentic RL rollouts.
@@ -159,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_kafka_command(args)
     except RolloutJournalError as exc:
         print(f"rollout-journal: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FENCED if writer_fenced(exc) else 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `rollout-journal show ... | head`: the reader left, nothing is wrong

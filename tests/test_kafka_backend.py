@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -225,6 +226,27 @@ def test_a_zombie_fenced_between_transactions_learns_it_on_produce_as_producer_f
         assert sorted(seen) == [b"fresh", b"zombie-before"]
 
 
+def test_a_journal_closing_while_its_writer_is_fenced_closes(settings: KafkaSettings) -> None:
+    # The hang of a fenced `resume`: close() queued the committer's stop while a commit was under
+    # way, that commit then failed fatally, and the failure path drained the stop with the queue.
+    journal = Journal(KafkaBackend(settings))
+    journal.append_sync([started("r1", 0)])
+    staged = journal.backend.stage([event("elsewhere", b"held open")])  # the journal's next commit waits
+    pending = journal.append([turn_done("r1", 1)])
+    while not pending.running():  # the committer took it and waits inside backend.commit
+        time.sleep(0.01)
+    closer = threading.Thread(target=journal.close, name="closer", daemon=True)
+    closer.start()
+    while not journal._committer._closed or journal._committer._queue.qsize() == 0:  # its stop is queued
+        time.sleep(0.01)
+    with KafkaBackend(settings):  # a new process takes the slot
+        with pytest.raises(ProducerFencedError):
+            staged.commit()
+        closer.join(60)
+        assert not closer.is_alive(), "Journal.close() hangs after its writer was fenced"
+    assert isinstance(pending.exception(), ProducerFencedError)
+
+
 def test_the_same_slot_in_another_namespace_never_fences_the_writer(kafka_bootstrap: str) -> None:
     # Two jobs on one cluster, each with its default slot name: neither may fence the other.
     slot = f"worker-{uuid.uuid4().hex[:6]}"
@@ -435,6 +457,10 @@ def create_topics(admin: AdminClient, settings: KafkaSettings, replication: int,
                        config={"cleanup.policy": "compact", **config})]
     for future in admin.create_topics(topics).values():
         future.result()
+    deadline = time.monotonic() + 30
+    while not all(t.topic in admin.list_topics(timeout=10).topics for t in topics):  # metadata catches up
+        assert time.monotonic() < deadline, "created topics never appeared in the metadata"
+        time.sleep(0.05)
 
 
 def test_topics_take_the_clusters_replication_defaults_unless_asked(settings: KafkaSettings, kafka_bootstrap: str) -> None:
