@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
 from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
-from .events import ROLLOUT_EVENT_TYPES, AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent
+from .events import ROLLOUT_EVENT_TYPES, AttemptStarted, Header, RolloutAcknowledged, RolloutEvent
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
-from .snapshots import SnapshotDraft, SnapshotIndex, blob_tombstones, fence_key, load_snapshots, snapshot_records
+from .snapshots import (
+    SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_key, load_snapshots, snapshot_records, tombstone_records,
+)
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +76,7 @@ class Journal:
         self._fence = EpochFence()
         self._fence_lock = threading.Lock()
         self._committed_end: dict[int, int] = {}  # partition -> end after our last commit (committer thread only)
-        self._blobs: dict[str, BlobRef | None] = {}  # rollout -> blob of its newest snapshot
+        self._slots: dict[str, SnapshotSlots] = {}  # rollout -> its two snapshot keys, as this writer knows them
         self._committer = GroupCommitter(
             backend,
             linger_ms=linger_ms,
@@ -133,27 +135,23 @@ class Journal:
         with self._fence_lock:
             self._fence.raise_to(rollout_id, epoch)
 
-    def note_blob(self, rollout_id: str, blob: BlobRef | None) -> None:
-        """Tell the writer the blob of a rollout's newest snapshot, so it is tombstoned when superseded."""
-        self._blobs[rollout_id] = blob
+    def note_snapshot_slots(self, rollout_id: str, slots: SnapshotSlots) -> None:
+        """Tell the writer what a rollout's snapshot keys hold (restore learns it), so the next snapshot
+        overwrites the older one and superseded blobs are tombstoned."""
+        self._slots[rollout_id] = slots
 
     def _tombstone_records(self, rollout_id: str) -> list[OutRecord]:
-        records = [OutRecord(Stream.SNAPSHOTS, key, None, rollout_id) for key in (rollout_id, fence_key(rollout_id))]
-        blob = self._blobs.pop(rollout_id, None)
-        if blob is not None:
-            records[:0] = blob_tombstones(rollout_id, blob)
-        return records
+        return tombstone_records(rollout_id, self._slots.pop(rollout_id, None))
 
     def _snapshot_records(self, draft: SnapshotDraft) -> list[OutRecord]:
         # Runs in the committer thread: no event of this rollout newer than
         # ``covers_seq`` can precede the end of our previous commit.
         rollout_id = draft.header.rollout_id
         partition = self.partition_of(rollout_id)
-        records, blob = snapshot_records(
+        records, self._slots[rollout_id] = snapshot_records(
             self.codec, draft, partition, self._committed_end[partition],
-            self.inline_snapshot_limit, self._blobs.get(rollout_id),
+            self.inline_snapshot_limit, self._slots.get(rollout_id, SnapshotSlots()),
         )
-        self._blobs[rollout_id] = blob
         return records
 
     def _note_committed(self, records: Sequence[OutRecord], locations: list[RecordLocation]) -> None:

@@ -67,7 +67,8 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
         else:
             s = loaded.snapshot
             cursor = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
-            journal.note_blob(rollout_id, s.blob)
+        if rollout_id in index.slots:
+            journal.note_snapshot_slots(rollout_id, index.slots[rollout_id])
         if fence is not None and fence.epoch > cursor.epoch:  # its AttemptStarted lies ahead of the cursor
             cursor = Cursor(cursor.offset, cursor.after_seq, fence.epoch, resume_seq=fence.seq)
         cursors[rollout_id] = cursor

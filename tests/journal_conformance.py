@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import threading
 from collections.abc import Callable
 
@@ -22,7 +23,7 @@ from journal.events import (
 )
 from journal.journal import Cursor, Journal, ReadReport
 from journal.restore import load_rollouts
-from journal.snapshots import SnapshotDraft
+from journal.snapshots import SnapshotDraft, blob_chunk_key
 
 OpenBackend = Callable[[], Backend]
 
@@ -157,6 +158,17 @@ class JournalConformance:
         index = journal.snapshots()
         assert index.snapshots["r1"].state == b"good"
         assert any("r1" in str(e) or "offset" in str(e) or "position" in str(e) for e in index.errors)
+
+    def test_a_large_snapshot_falls_back_to_the_previous_one_and_its_chunks(self, journal: Journal) -> None:
+        rng = np.random.default_rng(1)
+        older, newer = (rng.bytes(2 * journal.inline_snapshot_limit + n) for n in (5, 7))
+        journal.append_sync([started("big", 0)], SnapshotDraft(header("big", 0), "running", 0, older))
+        journal.append_sync([turn_done("big", 1)], SnapshotDraft(header("big", 1, turn=1), "running", 1, newer))
+        lost = blob_chunk_key("big", hashlib.sha256(newer).hexdigest(), 1)  # the newest one loses a chunk
+        journal.backend.commit([OutRecord(Stream.SNAPSHOTS, lost, None, "big")])
+        index = journal.snapshots()
+        assert index.snapshots["big"] is not None and index.snapshots["big"].state == older
+        assert any("lacks chunk 1" in str(e) for e in index.errors)
 
     def test_attempt_n_events_after_the_fence_are_dropped_by_readers(self, journal: Journal, open_backend: OpenBackend) -> None:
         journal.append_sync([started("r1", 0), turn_done("r1", 1)])

@@ -7,7 +7,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from confluent_kafka import KafkaException, Producer
@@ -25,7 +25,7 @@ from journal.errors import (
     ProducerFencedError,
     RecordLocation,
 )
-from journal.events import BlobChunk
+from journal.events import BlobChunk, Snapshot
 from journal.journal import Cursor, Journal, ReadReport
 from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings
@@ -363,15 +363,41 @@ def test_a_null_or_foreign_value_on_the_events_topic_is_reported_by_every_read_p
 # -- compaction -----------------------------------------------------------------------------------
 
 
+def compacting_settings(bootstrap: str, namespace: str, **overrides: object) -> KafkaSettings:
+    """Settings whose snapshot topic the broker's log cleaner compacts within seconds."""
+    return make_settings(
+        bootstrap, namespace, snapshot_segment_ms=200, snapshot_segment_bytes=1024 * 1024,  # Kafka 4 minimum
+        snapshot_min_cleanable_dirty_ratio=0.01, snapshot_delete_retention_ms=100, snapshot_min_compaction_lag_ms=0,
+        **overrides,
+    )
+
+
+def wait_for_compaction(backend: KafkaBackend, compacted: Callable[[dict[str, list[bytes | None]]], bool],
+                        timeout_s: float = 90) -> dict[str, list[bytes | None]]:
+    """Keep rolling segments until the log cleaner has run as ``compacted`` (values per key) says."""
+    # one filler key per partition: a partition's active segment rolls only when it gets an append
+    candidates = [f"filler-{i}" for i in range(100)]
+    fillers = [next(k for k in candidates if partition_for(k, backend.partitions) == p) for p in range(backend.partitions)]
+    deadline = time.monotonic() + timeout_s
+    filler = 0
+    while True:
+        # segments roll only on append after segment.ms: keep appending so the old ones become cleanable
+        time.sleep(0.5)
+        filler += 1
+        backend.commit([OutRecord(Stream.SNAPSHOTS, k, str(filler).encode(), k) for k in fillers])
+        seen: dict[str, list[bytes | None]] = {}
+        for r in backend.read_snapshots():
+            seen.setdefault(r.key, []).append(r.value)
+        if compacted(seen):
+            return seen
+        if time.monotonic() > deadline:
+            pytest.fail(f"compaction not observed within {timeout_s} s: {({k: len(v) for k, v in seen.items()})}")
+
+
 def test_the_broker_compacts_snapshots_to_the_latest_value_and_drops_tombstones(
     kafka_bootstrap: str, kafka_namespace: str
 ) -> None:
-    settings = make_settings(
-        kafka_bootstrap, kafka_namespace, partitions=2,
-        snapshot_segment_ms=200, snapshot_segment_bytes=1024 * 1024,  # Kafka 4 minimum
-        snapshot_min_cleanable_dirty_ratio=0.01, snapshot_delete_retention_ms=100,
-        snapshot_min_compaction_lag_ms=0,
-    )
+    settings = compacting_settings(kafka_bootstrap, kafka_namespace, partitions=2)
     kept, dropped = ["keep-a", "keep-b", "keep-c"], ["gone-d", "gone-e"]
 
     def snap(key: str, value: bytes | None) -> OutRecord:
@@ -386,28 +412,39 @@ def test_the_broker_compacts_snapshots_to_the_latest_value_and_drops_tombstones(
         assert len(before) > len(kept) + 1
 
         latest = {k: f"{k}@v9".encode() for k in kept}
-        # one filler key per partition: a partition's active segment rolls only when it gets an append
-        candidates = [f"filler-{i}" for i in range(100)]
-        fillers = [next(k for k in candidates if partition_for(k, settings.partitions) == p)
-                   for p in range(settings.partitions)]
-        deadline = time.monotonic() + 90
-        filler = 0
-        while True:
-            # segments roll only on append after segment.ms: keep appending so the old ones become cleanable
-            time.sleep(0.5)
-            filler += 1
-            backend.commit([snap(k, str(filler).encode()) for k in fillers])
-            seen: dict[str, list[bytes | None]] = {}
-            for r in backend.read_snapshots():
-                seen.setdefault(r.key, []).append(r.value)
-            compacted = all(seen.get(k) == [v] for k, v in latest.items())
-            tombstones_gone = not any(k in seen for k in dropped)
-            if compacted and tombstones_gone:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"compaction not observed within 90 s: {({k: len(v) for k, v in seen.items()})}")
+        seen = wait_for_compaction(backend, lambda seen: all(seen.get(k) == [v] for k, v in latest.items())
+                                   and not any(k in seen for k in dropped))
         assert all(seen[k] == [latest[k]] for k in kept)
         assert not any(k in seen for k in dropped)
+
+
+def test_after_the_cleaner_ran_a_corrupt_newest_snapshot_still_falls_back_to_the_previous_one(
+    kafka_bootstrap: str, kafka_namespace: str
+) -> None:
+    settings = compacting_settings(kafka_bootstrap, kafka_namespace, partitions=1)
+    with Journal(KafkaBackend(settings)) as journal:
+        journal.append_sync([started("r1", 0)])
+        for version in range(4):
+            journal.append_sync([turn_done("r1", version + 1, turn=version + 1)],
+                                SnapshotDraft(header("r1", version + 1, turn=version + 1), "running", version + 1,
+                                              f"state-v{version}".encode()))
+        # The newest snapshot record turns out corrupt (here: its state no longer matches its SHA-256).
+        newest = [r for r in journal.backend.read_snapshots()
+                  if r.value and isinstance(journal.codec.decode(r.value, r.location), Snapshot)][-1]
+        assert b"state-v3" in newest.value
+        corrupt = journal.backend.commit([OutRecord(Stream.SNAPSHOTS, newest.key, newest.value.replace(b"state-v3", b"state-v9"),
+                                                    "r1")])[0]
+        snapshot_keys = [k for k in {r.key for r in journal.backend.read_snapshots()}
+                         if k == "r1" or (k.startswith("r1/") and k != "r1/fence")]
+        # Only once the cleaner has left one value per key is "the previous one" a real claim.
+        wait_for_compaction(journal.backend, lambda seen: all(len(seen.get(k, [])) <= 1 for k in snapshot_keys)
+                            and newest.value not in seen.get(newest.key, []))
+        index = journal.snapshots()
+        assert index.snapshots["r1"] is not None, [str(e) for e in index.errors]
+        assert index.snapshots["r1"].state == b"state-v2"
+        assert any(str(corrupt) in str(e) and "SHA-256" in str(e) for e in index.errors)
+        plan = load_rollouts(journal)  # and restore replays the turn the lost snapshot covered
+        assert [e.event.header.seq for e in plan.rollouts["r1"].events] == [4]
 
 
 # -- topics ---------------------------------------------------------------------------------------
