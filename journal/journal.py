@@ -37,6 +37,7 @@ class ReadReport:
 
     errors: list[JournalError] = field(default_factory=list)
     fenced: list[FencedEventDropped] = field(default_factory=list)
+    records_read: int = 0  # records the backend handed over, wanted or not: what the read cost
 
     @property
     def clean(self) -> bool:
@@ -217,6 +218,8 @@ class Journal:
                 fence.raise_to(rollout_id, cursor.epoch, cursor.resume_seq)
             start = min(c.offset for c in wanted.values())
             for stored in self.backend.read_events(partition, start):
+                if report is not None:
+                    report.records_read += 1
                 cursor = wanted.get(stored.key)
                 if cursor is None and stored.error is None:
                     continue  # another rollout sharing the partition
@@ -249,6 +252,8 @@ class Journal:
         for partition in range(self.backend.partitions):
             fence = EpochFence()
             for stored in self.backend.read_events(partition, 0):
+                if report is not None:
+                    report.records_read += 1
                 event = self._decode(stored, report)
                 if event is None:
                     continue

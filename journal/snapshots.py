@@ -30,6 +30,7 @@ from .codec import Codec
 from .errors import CorruptRecordError, JournalError, RecordLocation
 from .events import AttemptStarted, BlobChunk, BlobRef, Header, Snapshot
 
+RUNNING = "running"  # a snapshot status: events may follow it; any other status is final
 BLOB_MARK = "/blob/"
 FENCE_SUFFIX = "/fence"
 SLOT_ONE_SUFFIX = "/snapshot/1"
@@ -64,7 +65,7 @@ class SnapshotDraft:
     """What a participant hands the journal; the journal adds where replay starts."""
 
     header: Header
-    status: str  # "running" | "finished"
+    status: str  # RUNNING, or final: "finished" (or the runner's "registered" marker), no events follow
     covers_seq: int
     state: bytes
 

@@ -134,6 +134,24 @@ class JournalConformance:
         cursor = Cursor(loaded.snapshot.replay_offset, loaded.snapshot.covers_seq, loaded.snapshot.header.epoch)
         assert [e.event.header.seq for e in journal.read_rollout("r1", cursor)] == [3, 4]
 
+    def test_restore_reads_only_the_tails_of_unfinished_rollouts(self, journal: Journal) -> None:
+        # "done" finished long ago and was never acknowledged; its partition-mate ran on for 30 turns.
+        running = next(r for r in (f"run-{i}" for i in range(100)) if journal.partition_of(r) == journal.partition_of("done"))
+        journal.append_sync([started("done", 0)], SnapshotDraft(header("done", 0), "running", 0, b"done-0"))
+        journal.append_sync([RolloutFinished(header("done", 1), 1.0, 1, "{}")],
+                            SnapshotDraft(header("done", 1), "finished", 1, b"done-final"))
+        journal.append_sync([started(running, 0)])
+        for seq in range(1, 30):
+            journal.append_sync([turn_done(running, seq, turn=seq)])
+        journal.append_sync([turn_done(running, 30, turn=30)], SnapshotDraft(header(running, 30, turn=30), "running", 30, b"r"))
+        journal.append_sync([turn_done(running, 31, turn=31)])
+        journal.append_sync([turn_done(running, 32, turn=32)])
+        plan = load_rollouts(journal)
+        assert plan.rollouts["done"].snapshot.state == b"done-final" and plan.rollouts["done"].events == []
+        assert [e.event.header.seq for e in plan.rollouts[running].events] == [31, 32]
+        # Read: the running rollout's snapshot turn (stepped over by its seq) and the two turns after it.
+        assert plan.report.records_read == 3, f"restore read {plan.report.records_read} records"
+
     def test_tombstone_and_acknowledge_remove_the_snapshot(self, journal: Journal) -> None:
         for r in ("keep", "gone", "acked"):
             journal.append_sync([started(r, 0)], SnapshotDraft(header(r, 0), "running", 0, r.encode()))
