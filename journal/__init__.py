@@ -23,6 +23,7 @@ from .errors import (
     JournalClosedError,
     JournalError,
     JournalStoppedError,
+    OversizedEventError,
     ProducerFencedError,
     RecordLocation,
     RolloutJournalError,
@@ -35,6 +36,7 @@ from .events import (
     AttemptStarted,
     BlobChunk,
     BlobRef,
+    EventChunk,
     Header,
     Message,
     ModelCall,
@@ -68,11 +70,13 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "AbortableCommitError", "AppendReceipt", "AttemptFenced", "AttemptStarted", "Backend", "BlobChunk", "BlobRef",
-    "Codec", "ConfigurationError", "CorruptRecordError", "Cursor", "EpochFence", "FatalJournalError",
+    "Codec", "ConfigurationError", "CorruptRecordError", "Cursor", "EpochFence", "EventChunk", "FatalJournalError",
     "FencedEventDropped", "FencedWriteError", "FileBackend", "Header", "Journal", "JournalClosedError",
-    "JournalError", "JournalStoppedError", "JournaledEvent", "KafkaBackend", "KafkaSettings", "Message", "ModelCall", "OutRecord",
+    "JournalError", "JournalStoppedError", "JournaledEvent", "KafkaBackend", "KafkaSettings", "Message", "ModelCall",
+    "OutRecord", "OversizedEventError",
     "ProducerFencedError", "ReadReport", "Record", "RecordLocation", "ResourceMutation", "RestorePlan",
     "RolloutAcknowledged", "RolloutEvent", "RolloutFinished", "RolloutHistory", "RolloutJournalError",
     "SamplingParams", "Snapshot", "SnapshotDraft", "StoredRecord", "Stream", "TurnCompleted", "UnknownSchemaError",
-    "WriterLockedError", "is_kafka_url", "load_rollouts", "open_backend", "open_journal", "partition_for", "writer_fenced",
+    "WriterLockedError", "is_kafka_url", "load_rollouts", "open_backend", "open_journal", "partition_for",
+    "writer_fenced",
 ]

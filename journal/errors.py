@@ -76,6 +76,20 @@ class FencedWriteError(JournalError):
         self.current_epoch = current_epoch
 
 
+class OversizedEventError(JournalError):
+    """An event too large to journal even in pieces; only the append that carries it fails."""
+
+    def __init__(self, rollout_id: str, turn: int, record: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"rollout {rollout_id} turn {turn}: its {record} encodes to {size} bytes, over the journal's "
+            f"max_event_bytes={limit}; this append is refused (nothing of it was written)"
+        )
+        self.rollout_id = rollout_id
+        self.turn = turn
+        self.size = size
+        self.limit = limit
+
+
 class WriterLockedError(JournalError):
     """Another process holds the file journal's writer lock."""
 

@@ -163,19 +163,34 @@ class BlobChunk:
     data: bytes
 
 
+@dataclass(frozen=True)
+class EventChunk:
+    """One piece of a rollout event too large for one record; the journal splits and joins them."""
+
+    RECORD: ClassVar[str] = "EventChunk"
+    header: Header  # the chunked event's own
+    record: str
+    sha256: str
+    index: int
+    count: int
+    size: int
+    data: bytes
+
+
 RolloutEvent = Union[
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged
 ]
-Record = Union[RolloutEvent, Snapshot, BlobChunk]
+Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk]
 
 ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
 )
-"""What the events stream holds; a Snapshot or BlobChunk found there is a foreign record."""
+"""What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot or
+BlobChunk found there is a foreign record."""
 
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted,
-    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk,
+    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk,
 )
 NESTED_TYPES: dict[str, type] = {
     "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message,

@@ -191,7 +191,7 @@ class GroupCommitter:
         for pending, recs in built:
             if pending.future.running():
                 mine = zip(recs, locations[i:i + len(recs)])
-                events = [loc for record, loc in mine if record.stream is Stream.EVENTS]
+                events = [loc for record, loc in mine if record.stream is Stream.EVENTS and not record.continuation]
                 pending.future.set_result(AppendReceipt(events, commit_ms, len(built)))
             i += len(recs)
 

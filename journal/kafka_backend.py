@@ -105,6 +105,8 @@ class _FencingIsATakeover(logging.Filter):
 client_log.addFilter(_FencingIsATakeover())
 
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+_CLIENT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+_RECORD_FRAMING_BYTES = 8192
 INIT_TRANSACTIONS_TIMEOUT_S = 60.0  # the first init on a cluster creates __transaction_state
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 2.0
@@ -236,6 +238,7 @@ class KafkaBackend(Backend):
         # markers, so the last stable offset lags a few ms; reads wait until it covers our commits.
         self._committed_end: dict[tuple[str, int], int] = {}
         self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
+        self._topic_max_bytes: int | None = None
         self._reader_group = f"rollout-journal-reader-{settings.namespace}-{uuid.uuid4().hex[:8]}"
         if transactional and settings.transactional_id is None:
             raise ConfigurationError(
@@ -276,7 +279,9 @@ class KafkaBackend(Backend):
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": s.linger_ms,
-            "batch.size": s.batch_size,
+            # A topic's max.message.bytes bounds a whole record batch, not a record: batches stay below it.
+            "batch.size": s.batch_size if self._topic_max_bytes is None
+            else min(s.batch_size, self._topic_max_bytes - _RECORD_FRAMING_BYTES),
             "compression.type": s.compression_type,
             "error_cb": self._on_producer_error,
         })
@@ -335,6 +340,12 @@ class KafkaBackend(Backend):
             self.topics = prepare_topics(admin, self.settings, create=create)
         finally:
             admin.poll(0)  # deliver queued client logs
+        # The journal chunks anything larger: the topics' max.message.bytes and the client's own limit,
+        # less room for the key, the record and batch framing, and compression's worst case.
+        topic_limits = [state.max_message_bytes for state in self.topics.values() if state.max_message_bytes]
+        self._topic_max_bytes = min(topic_limits, default=None)
+        client_limit = int(self.settings.librdkafka.get("message.max.bytes", _CLIENT_MESSAGE_MAX_BYTES))
+        self.max_record_bytes = min(*topic_limits, client_limit) - _RECORD_FRAMING_BYTES
 
     # -- producing ------------------------------------------------------------------------
 

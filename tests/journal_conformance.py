@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from journal.backend import Backend, OutRecord, Stream
-from journal.errors import CorruptRecordError, FencedWriteError, UnknownSchemaError
+from journal.event_chunks import split_event
+from journal.errors import CorruptRecordError, FencedWriteError, OversizedEventError, UnknownSchemaError
 from journal.events import (
     AttemptStarted, Header, Message, ModelCall, RolloutFinished, SamplingParams, TurnCompleted,
 )
@@ -230,6 +231,48 @@ class JournalConformance:
         events = plan.rollouts["r1"].events
         assert [(e.event.header.seq, e.event.header.epoch) for e in events] == [(2, 2), (3, 2)]
         assert [d.epoch for d in plan.report.fenced] == [1]
+
+    def test_an_event_of_a_few_megabytes_travels_in_pieces_and_reads_back_whole(self, journal: Journal) -> None:
+        big = model_call("big", 1, tokens=1_500_000)  # a long model call: about 6 MB of prompt tokens
+        journal.append_sync([started("big", 0)])
+        # In the same commit as the big one, if the committer gathers them, another rollout's turn.
+        pending = [journal.append([big], SnapshotDraft(header("big", 1), "running", 1, b"after-the-big-call")),
+                   journal.append([started("other", 0), turn_done("other", 1)])]
+        receipt, _ = (future.result(timeout=120) for future in pending)
+        assert len(receipt.locations) == 1  # one event, one location: where its first piece is
+        journal.append_sync([turn_done("big", 2)])
+        read = list(journal.read_rollout("big"))
+        assert [e.event.header.seq for e in read] == [0, 1, 2] and read[1].event == big
+        assert read[1].location == receipt.locations[0]
+        assert [e.event.header.seq for e in journal.read_rollout("other")] == [0, 1]
+        assert [e.event for e in journal.scan() if e.event.header.rollout_id == "big"][1] == big
+        plan = load_rollouts(journal)  # the snapshot covers the big call: restore steps over its pieces by seq
+        assert [e.event.header.seq for e in plan.rollouts["big"].events] == [2] and plan.report.clean
+
+    def test_an_event_over_max_event_bytes_fails_only_its_own_append(self, open_backend: OpenBackend) -> None:
+        with Journal(open_backend(), max_event_bytes=2 * 1024 * 1024) as journal:
+            other = journal.append([started("other", 0)])
+            with pytest.raises(OversizedEventError, match=r"rollout huge turn 3: its ModelCall encodes to \d+ bytes"):
+                journal.append([started("huge", 0), model_call("huge", 1, turn=3, tokens=1_000_000)])
+            assert other.result(timeout=60).locations
+            journal.append_sync([turn_done("other", 1)])  # the writer goes on
+            assert [e.event.header.seq for e in journal.read_rollout("other")] == [0, 1]
+            assert list(journal.read_rollout("huge")) == []
+
+    def test_a_chunked_event_missing_its_last_piece_is_reported(self, journal: Journal) -> None:
+        big = model_call("r1", 1, tokens=400_000)
+        pieces = split_event(journal.codec, big, journal.codec.encode(big), journal.max_record_bytes,
+                             journal.max_event_bytes)
+        assert len(pieces) > 2
+        journal.append_sync([started("r1", 0)])
+        first = journal.backend.commit([OutRecord(Stream.EVENTS, "r1", p, "r1") for p in pieces[:-1]])[0]
+        journal.append_sync([turn_done("r1", 2)])
+        with pytest.raises(CorruptRecordError, match="stops after"):
+            list(journal.read_rollout("r1"))
+        report = ReadReport()
+        assert [e.event.header.seq for e in journal.read_rollout("r1", report=report)] == [0, 2]
+        assert [e.location for e in report.errors] == [first]
+        assert f"stops after {len(pieces) - 1} of its {len(pieces)} pieces" in str(report.errors[0])
 
     def test_a_cancelled_wait_does_not_stop_the_committer(self, journal: Journal) -> None:
         future = journal.append([started("r1", 0)])

@@ -31,7 +31,7 @@ from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings
 from journal.restore import load_rollouts
 from journal.snapshots import SnapshotDraft
-from tests.journal_conformance import header, started, turn_done
+from tests.journal_conformance import header, model_call, started, turn_done
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -557,6 +557,17 @@ def test_on_a_three_broker_cluster_the_defaults_hold_and_min_isr_is_never_lowere
         with KafkaBackend(weak, transactional=False):
             pass
     assert any(weak.events_topic in r.getMessage() and "min.insync.replicas=1" in r.getMessage() for r in caplog.records)
+
+
+def test_events_are_chunked_below_the_topics_own_max_message_bytes(settings: KafkaSettings, kafka_bootstrap: str) -> None:
+    create_topics(AdminClient({"bootstrap.servers": kafka_bootstrap}), settings, 1, **{"max.message.bytes": "100000"})
+    with Journal(KafkaBackend(settings)) as journal:
+        assert journal.max_record_bytes < 100_000 and journal.inline_snapshot_limit < 100_000
+        call = model_call("r1", 1, tokens=100_000)  # 400 KB: accepted by the file journal, so by this one too
+        journal.append_sync([started("r1", 0), call],
+                            SnapshotDraft(header("r1", 1), "running", 1, os.urandom(300_000)))  # a blob, in chunks
+        assert [e.event for e in journal.read_rollout("r1")][1] == call
+        assert len(journal.snapshots().snapshots["r1"].state) == 300_000
 
 
 def test_a_partition_count_mismatch_is_a_configuration_error(settings: KafkaSettings) -> None:

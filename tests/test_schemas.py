@@ -11,7 +11,7 @@ import schemas
 from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
-    AttemptFenced, BlobChunk, BlobRef, ModelCall, ResourceMutation, RolloutAcknowledged,
+    AttemptFenced, BlobChunk, BlobRef, EventChunk, ModelCall, ResourceMutation, RolloutAcknowledged,
     RolloutFinished, Snapshot,
 )
 from tests.journal_conformance import header, model_call, started, turn_done
@@ -29,6 +29,7 @@ SAMPLES = {
     "RolloutAcknowledged": RolloutAcknowledged(header("r", 6), "trainer-0"),
     "Snapshot": Snapshot(header("r", 7), "running", 6, 0, 123, b"state", "e" * 64, BlobRef("f" * 64, 10, 1)),
     "BlobChunk": BlobChunk("f" * 64, 0, 1, b"0123456789"),
+    "EventChunk": EventChunk(header("r", 8), "ModelCall", "a" * 64, 1, 3, 1_500_000, b"piece"),
 }
 
 CASES = [(name, v) for name, versions in schemas.released_versions().items() for v in versions]
