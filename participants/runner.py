@@ -186,8 +186,8 @@ class Runner:
                     group.create_task(stop_checkpoints())
         except BaseExceptionGroup as failures:
             first, *others = failures.exceptions
-            for other in others:
-                if not isinstance(other, JournalClosedError):  # a stopped journal fails every rollout alike
+            for other in others:  # a journal's fatal error (or its stop) fails every waiting rollout alike
+                if other is not first and not isinstance(other, JournalClosedError):
                     log.error("rollout task also failed: %r", other)
             raise first from None
 
