@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import cast
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
@@ -110,7 +111,7 @@ class Journal:
         the epoch this journal knows for its rollout, ``OversizedEventError`` if
         an event encodes to more than ``max_event_bytes``.
         """
-        encoded = []
+        encoded: list[OutRecord] = []
         for event in events:  # first: an event too large even in pieces fails this append before anything changes
             rollout_id, value = event.header.rollout_id, self.codec.encode(event)
             pieces = split_event(self.codec, event, value, self.max_record_bytes, self.max_event_bytes)
@@ -212,7 +213,7 @@ class Journal:
             if not isinstance(record, ROLLOUT_EVENT_TYPES):
                 raise CorruptRecordError(location, f"holds a {type(record).__name__} record, not a rollout "
                                                    "event (it belongs on the snapshot stream)")
-            return JournaledEvent(record, location)
+            return JournaledEvent(cast(RolloutEvent, record), location)
         except JournalError as exc:
             self._report(exc, report)
             return None

@@ -140,11 +140,11 @@ def _describe(
             meta = metadata.topics.get(topic)
             brokers = len(metadata.brokers)
             missing = meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
-            ready = not missing and meta.error is None and all(p.leader >= 0 for p in meta.partitions.values())
+            ready = meta is not None and not missing and meta.error is None and all(p.leader >= 0 for p in meta.partitions.values())
             if ready or (missing and not just_created) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
-        if missing:
+        if missing or meta is None:
             raise ConfigurationError(
                 f"topic {topic} does not exist on {settings.bootstrap_servers}; "
                 "open the backend with create_topics=True or create it with the configs of topic_configs()"

@@ -176,14 +176,14 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
         slot_of = _slot_of(key)
         if slot_of is not None:
             candidates.setdefault(slot_of[0], []).extend((slot_of[1], record) for record in records)
-    for rollout_id, records in candidates.items():
+    for rollout_id, found in candidates.items():
         index.snapshots[rollout_id] = None
         fence = index.fences.get(rollout_id)
         blobs: list[BlobRef | None] = [None] * SLOTS
         keep_slot: int | None = None
         seen_slots: set[int] = set()
         # Both keys live in the rollout's partition: their offsets order them.
-        for slot, record in sorted(records, key=lambda item: item[1].location.offset, reverse=True):
+        for slot, record in sorted(found, key=lambda item: item[1].location.offset, reverse=True):
             newest_of_slot = slot not in seen_slots
             seen_slots.add(slot)
             try:
