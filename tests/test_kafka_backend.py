@@ -277,6 +277,10 @@ def test_a_delivery_refused_by_the_broker_aborts_the_batch_and_the_writer_goes_o
                            incremental_configs=[ConfigEntry("max.message.bytes", "50000",
                                                             incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while topic_config(admin, backend.events_topic)["max.message.bytes"].value != "50000":  # the broker applies it
+        assert time.monotonic() < deadline, "max.message.bytes=50000 never took effect"
+        time.sleep(0.05)
     partition = partition_for("r", backend.partitions)
     backend.commit([event("r", b"before")])
 
