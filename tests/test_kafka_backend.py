@@ -552,7 +552,10 @@ def test_on_a_three_broker_cluster_the_defaults_hold_and_min_isr_is_never_lowere
     higher = make_settings(bootstrap, "asks-higher", partitions=2, replication_factor=3, min_insync_replicas=3)
     with KafkaBackend(higher, transactional=False):
         pass
-    assert topic_config(admin, higher.events_topic)["min.insync.replicas"].value == "3"
+    deadline = time.monotonic() + 30  # applied by the controller; each broker learns it a moment later
+    while topic_config(admin, higher.events_topic)["min.insync.replicas"].value != "3":
+        assert time.monotonic() < deadline, "the asked min_insync_replicas=3 never took effect"
+        time.sleep(0.05)
 
     weak = make_settings(bootstrap, "weak", partitions=2)
     create_topics(admin, weak, 3, **{"min.insync.replicas": "1"})
