@@ -186,6 +186,8 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
         for slot, record in sorted(found, key=lambda item: item[1].location.offset, reverse=True):
             newest_of_slot = slot not in seen_slots
             seen_slots.add(slot)
+            if index.snapshots[rollout_id] is not None and not newest_of_slot:
+                continue  # found, and this value is gone at the next compaction: nothing to learn from it
             try:
                 snapshot = codec.decode(record.value, record.location)
             except JournalError as exc:
