@@ -186,6 +186,13 @@ class Codec:
         schemaless_writer(buf, version.parsed, _ENCODERS[type(record)](record))
         return buf.getvalue()
 
+    def record_class(self, data: bytes | None) -> type | None:
+        """The record class whose schema ``data``'s fingerprint names; None for anything else."""
+        if data is None or len(data) < PREFIX_LEN or data[:2] != MAGIC:
+            return None
+        found = self._by_fingerprint.get(bytes(data[2:PREFIX_LEN]))
+        return None if found is None else found[0]
+
     def decode(self, data: bytes, location: RecordLocation) -> Record:
         """Decode one record; errors name ``location``."""
         if len(data) < PREFIX_LEN or data[:2] != MAGIC:

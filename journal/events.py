@@ -205,15 +205,36 @@ class WorkloadRegistered:
     writer: str
 
 
+@dataclass(frozen=True)
+class EventChunk:
+    """One piece of a rollout event too large for one record; the journal splits and joins them."""
+
+    RECORD: ClassVar[str] = "EventChunk"
+    header: Header  # the chunked event's own
+    record: str
+    sha256: str
+    index: int
+    count: int
+    size: int
+    data: bytes
+
+
 RolloutEvent = Union[
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
     HeadCheckpoint,
 ]
-Record = Union[RolloutEvent, Snapshot, BlobChunk, WorkloadRegistered]
+Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered]
+
+ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
+    HeadCheckpoint,
+)
+"""What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
+BlobChunk or WorkloadRegistered found there is a foreign record."""
 
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted,
-    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk, WorkloadRegistered, HeadCheckpoint,
+    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, HeadCheckpoint,
 )
 NESTED_TYPES: dict[str, type] = {
     "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message, "heads": ChainHead,

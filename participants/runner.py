@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from journal.anchoring import HeadSigner
-from journal.errors import ConfigurationError
+from journal.errors import ConfigurationError, JournalClosedError
 from journal.events import Header, RolloutAcknowledged, WorkloadRegistered
 from journal.journal import Journal
 from journal.restore import RolloutHistory, load_rollouts
@@ -234,8 +234,9 @@ class Runner:
                     group.create_task(stop_checkpoints())
         except BaseExceptionGroup as failures:
             first, *others = failures.exceptions
-            for other in others:
-                log.error("rollout task also failed: %r", other)
+            for other in others:  # a journal's fatal error (or its stop) fails every waiting rollout alike
+                if other is not first and not isinstance(other, JournalClosedError):
+                    log.error("rollout task also failed: %r", other)
             raise first from None
 
     async def _register_workload(self, specs: list[RolloutSpec]) -> None:

@@ -9,7 +9,9 @@ import os
 import sys
 from collections.abc import Iterable
 
-from journal.errors import RolloutJournalError
+from journal.errors import RolloutJournalError, writer_fenced
+
+EXIT_FENCED = 3  # another process took over this worker slot (Kafka transactional.id): this one stopped
 
 DESCRIPTION = """\
 Turn-level crash recovery for multi-turn agentic RL rollouts.
@@ -195,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_kafka_command(args)
     except RolloutJournalError as exc:
         print(f"rollout-journal: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_FENCED if writer_fenced(exc) else 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `rollout-journal show ... | head`: the reader left, nothing is wrong
