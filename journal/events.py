@@ -138,6 +138,17 @@ class RolloutFinished:
 
 
 @dataclass(frozen=True)
+class RolloutFailed:
+    """An attempt stopped on an infrastructure failure (never a reward): the rollout alone
+    stops, the others run on, and a resume retries it as a new attempt."""
+
+    RECORD: ClassVar[str] = "RolloutFailed"
+    header: Header
+    error: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RolloutAcknowledged:
     RECORD: ClassVar[str] = "RolloutAcknowledged"
     header: Header
@@ -206,14 +217,14 @@ class WorkloadRegistered:
 
 
 RolloutEvent = Union[
-    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
-    HeadCheckpoint,
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
+    RolloutAcknowledged, HeadCheckpoint,
 ]
 Record = Union[RolloutEvent, Snapshot, BlobChunk, WorkloadRegistered]
 
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted,
-    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk, WorkloadRegistered, HeadCheckpoint,
+    RolloutFinished, RolloutFailed, RolloutAcknowledged, Snapshot, BlobChunk, WorkloadRegistered, HeadCheckpoint,
 )
 NESTED_TYPES: dict[str, type] = {
     "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message, "heads": ChainHead,
