@@ -121,12 +121,18 @@ class ActionTrie:
 
     def decode_action(self, output_ids: Sequence[int]) -> str:
         """The action string a generation chose; needs a trie built ``from_strings``."""
+        action = self.label_of(output_ids)
+        if action is None:
+            raise ConstraintViolation(f"ids {_as_list(output_ids)} are not one of the {len(self)} valid actions")
+        return action
+
+    def label_of(self, output_ids: Sequence[int]) -> str | None:
+        """The action string the ids spell (trailing EOS optional), or None when they spell none
+        (a generation cut short by ``max_tokens``); needs a trie built ``from_strings``."""
         if self._labels is None:
             raise ValueError("this ActionTrie was built from ids; build it with ActionTrie.from_strings to decode")
         index = self.match(output_ids)
-        if index is None:
-            raise ConstraintViolation(f"ids {_as_list(output_ids)} are not one of the {len(self)} valid actions")
-        return self._labels[index]
+        return None if index is None else self._labels[index]
 
     def _walk(self, ids: list[int], require_terminal: bool) -> _Node:
         node = self._root

@@ -7,6 +7,7 @@ import threading
 import time
 from pathlib import Path
 
+from journal.events import ResourceMutation
 from journal.open import open_journal
 from participants.config import WorkloadConfig
 from participants.resource_server import HttpStateExporter, ResourceServer
@@ -221,3 +222,65 @@ def test_an_error_page_served_with_http_200_is_never_snapshotted(tmp_path: Path)
     resumed = run_workload(config, resume=True)  # a crash after that checkpoint
     assert not resumed.set_aside
     assert_identical(resumed, reference)
+
+
+async def _checkpoint_then_stop(config: WorkloadConfig, journal, turns: int) -> Runner:
+    """Run to ``turns`` committed turns per rollout with a good coordinated checkpoint on the way."""
+    specs = workload_specs(config)
+    runner, server = runner_with_server(config, journal)
+    with server:
+        run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: turns for s in specs}))
+        await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 3)
+        report = await runner.checkpointer.checkpoint(runner.live.values())
+        assert not report.skipped
+        await run
+    return runner
+
+
+def _snapshot_with_unusable_exports(runner: Runner, journal, rollout_id: str) -> None:
+    """What an older version wrote when the server answered an error page with HTTP 200."""
+    live = runner.live[rollout_id]
+    exports = {rid: b"<html>503 Service Unavailable</html>" for rid, r in live.env.resources.items()
+               if r.supports_export}
+    journal.append([], runner.agent.snapshot_draft(live, exports)).result()
+
+
+def test_a_snapshot_that_does_not_import_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    config = coordinated(tmp_path)
+    reference = reference_outcomes(config)
+    victim = workload_specs(config)[1].rollout_id
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner = await _checkpoint_then_stop(config, journal, turns=3)
+            _snapshot_with_unusable_exports(runner, journal, victim)
+
+    asyncio.run(scenario())
+    resumed = run_workload(config, resume=True)
+
+    assert not resumed.set_aside
+    assert resumed.rollouts[victim].turns_committed_before == 3  # a longer replay, nothing redone
+    assert any(victim in note and "does not restore its resources" in note for note in resumed.read_errors)
+    assert_identical(resumed, reference)
+
+
+def test_when_no_snapshot_and_no_replay_restores_a_rollout_it_alone_is_set_aside(tmp_path: Path) -> None:
+    config = coordinated(tmp_path)
+    reference = reference_outcomes(config)
+    victim = workload_specs(config)[1].rollout_id
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner = await _checkpoint_then_stop(config, journal, turns=3)
+            _snapshot_with_unusable_exports(runner, journal, victim)
+            state = runner.live[victim].state  # a journaled mutation that no replay reproduces
+            resource_id, resource = next(iter(runner.live[victim].env.resources.items()))
+            journal.append([ResourceMutation(state.header("vandal"), resource_id, resource.kind, "set",
+                                             '{"name":"a","value":1}', f"{victim}/forged", resource.revision,
+                                             resource.revision + 1, "{}", "0" * 64, "0" * 64)]).result()
+
+    asyncio.run(scenario())
+    resumed = run_workload(config, resume=True)
+
+    assert set(resumed.set_aside) == {victim}
+    assert_identical(resumed, {rid: o for rid, o in reference.items() if rid != victim})
