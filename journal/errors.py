@@ -38,6 +38,10 @@ class JournalError(RolloutJournalError):
     """Base class of every error the journal raises."""
 
 
+class NotInJournalError(RolloutJournalError, LookupError):
+    """The journal holds no rollout, resource or workload of the name asked for."""
+
+
 class ConfigurationError(JournalError):
     """A setting is missing or invalid; the message names it."""
 

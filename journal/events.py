@@ -138,6 +138,17 @@ class RolloutFinished:
 
 
 @dataclass(frozen=True)
+class RolloutFailed:
+    """An attempt stopped on an infrastructure failure (never a reward): the rollout alone
+    stops, the others run on, and a resume retries it as a new attempt."""
+
+    RECORD: ClassVar[str] = "RolloutFailed"
+    header: Header
+    error: str
+    reason: str
+
+
+@dataclass(frozen=True)
 class RolloutAcknowledged:
     RECORD: ClassVar[str] = "RolloutAcknowledged"
     header: Header
@@ -220,21 +231,22 @@ class EventChunk:
 
 
 RolloutEvent = Union[
-    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
-    HeadCheckpoint,
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
+    RolloutAcknowledged, HeadCheckpoint,
 ]
 Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered]
 
 ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
-    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
-    HeadCheckpoint,
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
+    RolloutAcknowledged, HeadCheckpoint,
 )
 """What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
 BlobChunk or WorkloadRegistered found there is a foreign record."""
 
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted,
-    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, HeadCheckpoint,
+    RolloutFinished, RolloutFailed, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered,
+    HeadCheckpoint,
 )
 NESTED_TYPES: dict[str, type] = {
     "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message, "heads": ChainHead,

@@ -16,6 +16,11 @@ thread wakes (and takes the GIL from the model's thread) once per commit,
 not once per append. An abortable failure redoes the same batch; a fatal one
 fails every pending future and closes the committer, because the next attempt
 must take over.
+
+Every future ``submit`` hands out resolves: ``submit`` checks for a close or a
+fatal stop and enqueues under one lock, so an append is either queued before
+the stop sentinel (and committed, or failed with the rest) or refused with
+``JournalClosedError`` at once.
 """
 
 from __future__ import annotations
@@ -94,16 +99,22 @@ class GroupCommitter:
         self._due = threading.Event()  # somebody waits: commit what is queued without lingering
         self._failure: BaseException | None = None
         self._closed = False
+        # Held while checking for a stop and enqueueing, and while stopping: no append
+        # can slip in behind the stop sentinel or after the fatal drain.
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="journal-committer", daemon=True)
         self._thread.start()
 
     def submit(self, build: Callable[[], Sequence[OutRecord]]) -> CommitFuture:
-        if self._failure is not None:
-            raise JournalStoppedError(self._failure) from self._failure
-        if self._closed:
-            raise JournalClosedError("journal is closed")
+        """Queue an append; raises ``JournalClosedError`` once the journal is closed (its subclass
+        ``JournalStoppedError`` once a fatal error stopped it)."""
         pending = PendingAppend(build, CommitFuture(self._make_due))
-        self._queue.put(pending)
+        with self._lock:
+            if self._failure is not None:
+                raise JournalStoppedError(self._failure) from self._failure
+            if self._closed:
+                raise JournalClosedError("journal is closed")
+            self._queue.put(pending)
         return pending.future
 
     def _make_due(self) -> None:
@@ -112,11 +123,14 @@ class GroupCommitter:
         self._due.set()
 
     def close(self) -> None:
-        if not self._closed:
+        """Commit what is queued, then stop; later appends are refused."""
+        with self._lock:
+            if self._closed:
+                return
             self._closed = True
             self._queue.put(None)
-            self._due.set()
-            self._thread.join()
+        self._due.set()
+        self._thread.join()
 
     def _next_batch(self) -> tuple[list[PendingAppend], bool]:
         """Wait for an append, linger until the batch is due, then take what is queued.
@@ -149,7 +163,7 @@ class GroupCommitter:
                 batch, stop = self._next_batch()
                 if batch:
                     self._commit(batch)
-                if stop:
+                if stop or self._failure is not None:  # after a fatal error _fail resolved everything queued
                     return
         except BaseException as exc:  # a bug here must not leave callers waiting forever
             log.exception("journal committer crashed")
@@ -158,11 +172,8 @@ class GroupCommitter:
     def _commit(self, batch: list[PendingAppend]) -> None:
         # A caller that stopped waiting (a cancelled future) still gets its records committed:
         # skipping them could leave a later turn of the same rollout durable without this one.
-        live = [p for p in batch if p.future.set_running_or_notify_cancel()]
-        if self._failure is not None:
-            for pending in live:
-                pending.future.set_exception(JournalStoppedError(self._failure))
-            return
+        for pending in batch:
+            pending.future.set_running_or_notify_cancel()
         built: list[tuple[PendingAppend, Sequence[OutRecord]]] = []
         try:
             for pending in batch:
@@ -198,17 +209,17 @@ class GroupCommitter:
     def _fail(self, built: Sequence[tuple[PendingAppend, Sequence[OutRecord]]], exc: BaseException) -> None:
         level = logging.INFO if writer_fenced(exc) else logging.ERROR  # a takeover: the caller reports it once
         log.log(level, "journal commit failed fatally; stopping the writer: %s", exc)
-        self._failure = exc
+        with self._lock:  # from here on submit refuses: what is queued now is all there will be
+            self._failure = exc
+            queued = []
+            while True:
+                try:
+                    queued.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
         for pending, _ in built:
             if pending.future.running():
                 pending.future.set_exception(exc)
-        while True:  # fail whatever is already queued too
-            try:
-                item = self._queue.get_nowait()
-            except queue.Empty:
-                return
-            if item is None:  # close() is waiting for the thread: hand its stop back to _run
-                self._queue.put(None)
-                return
-            if item.future.set_running_or_notify_cancel():
+        for item in queued:  # fail whatever was queued too (a close's sentinel needs nothing)
+            if item is not None and item.future.set_running_or_notify_cancel():
                 item.future.set_exception(JournalStoppedError(exc))

@@ -233,6 +233,7 @@ class KafkaBackend(Backend):
         self._all_consumers: list[Consumer] = []
         self._producer: Producer | None = None
         self._failed: JournalError | None = None
+        self._fatal_error: KafkaError | None = None  # what made the producer fatal, from its error_cb
         self._closed = False
         # Read-your-writes: commit_transaction returns before the broker has written the commit
         # markers, so the last stable offset lags a few ms; reads wait until it covers our commits.
@@ -321,6 +322,7 @@ class KafkaBackend(Backend):
 
     def _on_producer_error(self, err: KafkaError) -> None:
         if err.fatal():
+            self._fatal_error = err
             client_log.error("producer %s fatal error: %s", self.transactional_id, _describe(err))
         else:
             client_log.info("producer %s: %s", self.transactional_id, _describe(err))  # librdkafka logged it too
@@ -473,6 +475,7 @@ class KafkaBackend(Backend):
         failed = deliveries.errors()
         if failed:
             index, err = failed[0]
+            err = self._root_cause(producer, err)
             topic, partition = topics[records[index].stream], partition_for(records[index].partition_key, n)
             where = (
                 f"delivery of record {index} (key {records[index].key!r}) to topic {topic} partition {partition} "
@@ -535,6 +538,8 @@ class KafkaBackend(Backend):
                     backoff = min(backoff * 2, _BACKOFF_MAX_S)
                     continue
                 where = f"abort_transaction (after: {reason})"
+                if err is not None:
+                    err = self._root_cause(producer, err)
                 if err is not None and err.code() in FENCED_CODES:
                     self._fail(ProducerFencedError(self._fenced_message(where, err)), exc)
                 detail = _describe(err) if err is not None else repr(exc)
@@ -571,8 +576,22 @@ class KafkaBackend(Backend):
                     ), exc)
                 self._raise_classified(producer, exc, what, in_txn)
 
+    def _root_cause(self, producer: Producer, err: KafkaError) -> KafkaError:
+        """librdkafka answers every call after a fatal error with ``_FATAL``; the error that made
+        it fatal (a fencing, say) reaches ``error_cb``: serve the callbacks, then report that one."""
+        if err.code() != KafkaError._FATAL:
+            return err
+        if self._fatal_error is None:
+            try:
+                producer.poll(0)
+            except (KafkaException, RuntimeError) as exc:
+                log.debug("serving callbacks of a fatal producer: %s", exc)
+        return self._fatal_error or err
+
     def _raise_classified(self, producer: Producer, exc: KafkaException, what: str, in_txn: bool) -> None:
         err = _kafka_error(exc)
+        if err is not None:
+            err = self._root_cause(producer, err)
         tid = self.transactional_id
         if err is None:
             self._fail(FatalJournalError(f"transactional id {tid}: {what} failed: {exc!r}"), exc)

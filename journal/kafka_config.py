@@ -149,6 +149,20 @@ class KafkaSettings(BaseModel):
             raise ValueError(f"namespace {value[:40]!r}... is too long: topic names are limited to {MAX_TOPIC_LEN} chars")
         return value
 
+    @field_validator("bootstrap_servers")
+    @classmethod
+    def _bootstrap_ports_are_numbers(cls, value: str) -> str:
+        # librdkafka reads a bad port as port 0 and retries until a timeout: refuse it here, at once
+        for server in (s.strip() for s in value.split(",")):
+            if not server:
+                raise ValueError(f"bootstrap servers {value!r} hold an empty entry")
+            host, port = _host_and_port(server.split("://", 1)[-1])
+            if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+                raise ValueError(f"bootstrap server {server!r}: port {port!r} is not a number in 1-65535")
+            if not host:
+                raise ValueError(f"bootstrap server {server!r} names no host")
+        return value
+
     @field_validator("transactional_id")
     @classmethod
     def _transactional_id_not_blank(cls, value: str | None) -> str | None:
@@ -240,6 +254,15 @@ class KafkaSettings(BaseModel):
     def _build(cls, values: dict[str, Any], env: Mapping[str, str] | None) -> "KafkaSettings":
         _apply_env(values, os.environ if env is None else env)
         return cls(**values)
+
+
+def _host_and_port(address: str) -> tuple[str, str | None]:
+    """``host:port``, ``[v6]:port`` or a bare host (librdkafka's default port)."""
+    if address.startswith("["):
+        host, _, rest = address[1:].partition("]")
+        return host, rest[1:] if rest.startswith(":") else None
+    host, sep, port = address.rpartition(":")
+    return (host, port) if sep else (address, None)
 
 
 def _problems(exc: ValidationError) -> str:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from .errors import SnapshotsLostError
+from .errors import RecordLocation, SnapshotsLostError
 from .events import WorkloadRegistered
 from .journal import Cursor, Journal, JournaledEvent, ReadReport
-from .snapshots import RUNNING, Fence, LoadedSnapshot
+from .snapshots import RUNNING, Fence, LoadedSnapshot, load_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -54,19 +55,11 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
     for rollout_id in index.snapshots.keys() | index.fences.keys():
         loaded, fence = index.snapshots.get(rollout_id), index.fences.get(rollout_id)
         histories[rollout_id] = RolloutHistory(rollout_id, loaded, fence=fence)
-        cursor = Cursor()
-        if loaded is None:
-            log.warning("rollout %s has no valid snapshot left; replaying it from its first event", rollout_id)
-        else:
-            s = loaded.snapshot
-            cursor = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
         if rollout_id in index.slots:
             journal.note_snapshot_slots(rollout_id, index.slots[rollout_id])
-        if fence is not None and fence.epoch > cursor.epoch:  # its AttemptStarted lies ahead of the cursor
-            cursor = Cursor(cursor.offset, cursor.after_seq, fence.epoch, resume_seq=fence.seq)
-        elif loaded is not None and loaded.snapshot.status != RUNNING:
-            continue  # final: nothing of it follows its snapshot, so it must not pin where the read starts
-        cursors[rollout_id] = cursor
+        if _final(loaded, fence):
+            continue  # nothing of it follows its snapshot, so it must not pin where the read starts
+        cursors[rollout_id] = _cursor(rollout_id, loaded, fence)
     for rollout_id in _rollouts_only_the_log_names(journal, set(histories)):
         log.warning("rollout %s is missing from the damaged snapshot stream; replaying it from its first event",
                     rollout_id)
@@ -77,6 +70,40 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
         histories[item.event.header.rollout_id].events.append(item)
         replayed += 1
     return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed)
+
+
+def reload_rollout(journal: Journal, rollout_id: str, exclude: Collection[RecordLocation],
+                   report: ReadReport | None = None) -> RolloutHistory:
+    """One rollout's history as :func:`load_rollouts` finds it, with the snapshots at ``exclude``
+    left out: restore found them unusable (their state does not import), so it falls back to
+    the previous snapshot the stream keeps, or to a replay from the rollout's first event."""
+    kept = (record for record in journal.backend.read_snapshots() if record.location not in exclude)
+    index = load_snapshots(journal.codec, kept)
+    loaded, fence = index.snapshots.get(rollout_id), index.fences.get(rollout_id)
+    history = RolloutHistory(rollout_id, loaded, fence=fence)
+    history.events = list(journal.read_rollout(rollout_id, _cursor(rollout_id, loaded, fence), report))
+    return history
+
+
+def _final(loaded: LoadedSnapshot | None, fence: Fence | None) -> bool:
+    """A finished rollout's last snapshot holds its result: no event of it follows, unless
+    a newer attempt (a fence of a later epoch) started after it."""
+    if loaded is None or loaded.snapshot.status == RUNNING:
+        return False
+    return fence is None or fence.epoch <= loaded.snapshot.header.epoch
+
+
+def _cursor(rollout_id: str, loaded: LoadedSnapshot | None, fence: Fence | None) -> Cursor:
+    """Where a rollout's replay starts: after its snapshot (or at its first event), fenced."""
+    cursor = Cursor()
+    if loaded is None:
+        log.warning("rollout %s has no valid snapshot left; replaying it from its first event", rollout_id)
+    else:
+        s = loaded.snapshot
+        cursor = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
+    if fence is not None and fence.epoch > cursor.epoch:  # its AttemptStarted lies ahead of the cursor
+        cursor = Cursor(cursor.offset, cursor.after_seq, fence.epoch, resume_seq=fence.seq)
+    return cursor
 
 
 def _rollouts_only_the_log_names(journal: Journal, known: set[str]) -> list[str]:

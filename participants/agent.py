@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 from collections.abc import Callable
@@ -30,9 +31,10 @@ from typing import Protocol
 import numpy as np
 
 from journal.anchoring import HeadSigner
+from journal.errors import JournalError, RolloutJournalError
 from journal.events import (
-    AttemptFenced, AttemptStarted, ChainHead, Header, Message, ResourceMutation, RolloutEvent, RolloutFinished,
-    SamplingParams, TurnCompleted,
+    AttemptFenced, AttemptStarted, ChainHead, Header, Message, ResourceMutation, RolloutEvent, RolloutFailed,
+    RolloutFinished, SamplingParams, TurnCompleted,
 )
 from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
@@ -41,9 +43,11 @@ from .config import WorkloadConfig
 from .constraints import ActionTrie
 from .environments.base import SUBMIT, Environment
 from .model import ModelParticipant
-from .resources import MutationRecord, MutationRequest, Resource, canonical_json
+from .resources import MutationRecord, MutationRequest, Resource, StaleEpochError, canonical_json
 from .rollout_state import RolloutSpec, RolloutState
 from .tokenizer import ChatTokenizer
+
+log = logging.getLogger(__name__)
 
 SYSTEM_PROMPT = "You are an assistant that acts only through tool calls. Reply with exactly one tool call."
 
@@ -107,6 +111,13 @@ def outcome_of(state: RolloutState, env: Environment) -> dict:
         "output_tokens": state.output_tokens,
         "resource_digests": env.state_digests(),
     }
+
+
+def fails_the_rollout_alone(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a rollout's turn, is that rollout's own failure (journaled as
+    ``RolloutFailed``; the others run on) rather than the journal's or the attempt's: a journal
+    that cannot commit, or a resource that says a newer attempt took over, stops the worker."""
+    return isinstance(exc, Exception) and not isinstance(exc, (JournalError, StaleEpochError))
 
 
 def mutation_event(header: Header, record: MutationRecord) -> ResourceMutation:
@@ -180,18 +191,21 @@ class Agent:
         events.append(event)
         return event
 
-    def start_attempt(self, live: LiveRollout, *, resumed_from_turn: int, reason: str) -> list[RolloutEvent]:
+    def start_attempt(self, live: LiveRollout, *, resumed_from_turn: int, reason: str,
+                      override: str | None = None) -> list[RolloutEvent]:
         """The fence: attempt N+1 with the next epoch. Resources refuse older epochs from now on.
 
         ``resumed_from_turn=0`` on a rollout with committed turns starts its conversation
-        over (a restart-only environment lost its state); applying the event does that."""
+        over (a restart-only environment lost its state); applying the event does that.
+        ``override`` records what the user changed on purpose (another topology)."""
         state = live.state
         previous_attempt, previous_epoch = state.attempt, state.epoch
         attempt, epoch = previous_attempt + 1, previous_epoch + 1
         messages = self.initial_messages(live.env) if resumed_from_turn == 0 else []
         events: list[RolloutEvent] = []
         self._applied(state, AttemptStarted(state.header(self.writer, turn=resumed_from_turn, attempt=attempt, epoch=epoch),
-                                            resumed_from_turn, self.config.topology(), reason, messages), events)
+                                            resumed_from_turn, self.config.topology(), reason, messages,
+                                            override), events)
         live.env.fence(live.spec.rollout_id, state.epoch)
         if previous_attempt:  # the audit trail names what this attempt supersedes
             self._applied(state, AttemptFenced(state.header(self.writer, turn=resumed_from_turn), previous_attempt,
@@ -229,18 +243,45 @@ class Agent:
         return cached[1]
 
     async def run_turn(self, live: LiveRollout) -> None:
+        """Run the rollout's next turn. A failure of this rollout alone (see
+        :func:`fails_the_rollout_alone`) is journaled as ``RolloutFailed`` and ends the rollout
+        here (``state.failure``); the journal's or the attempt's own errors are raised."""
         while not self.turn_boundary.is_set():  # re-check: a checkpoint may close it again before we run
             await self.turn_boundary.wait()
         live.at_boundary.clear()
+        unsent: list[RolloutEvent] = []  # applied to the state, not yet handed to the journal
         try:
-            await self._turn(live)
+            await self._turn(live, unsent)
+        except Exception as exc:
+            if not fails_the_rollout_alone(exc):
+                raise
+            await self._fail(live, unsent, exc)
         finally:
             live.at_boundary.set()
         # Take turns: a rollout whose previous commit is already done would otherwise run to
         # its end before its siblings start, since nothing else in its turn has to wait.
         await asyncio.sleep(0)
 
-    async def _turn(self, live: LiveRollout) -> None:
+    async def _fail(self, live: LiveRollout, unsent: list[RolloutEvent], exc: Exception) -> None:
+        """Journal the failed turn's events so far (the model call and mutations did happen) and
+        ``RolloutFailed`` after them, once the turns before are durable."""
+        state = live.state
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        log.error("rollout %s failed at turn %d (attempt %d), the others run on: %s: %s",
+                  live.spec.rollout_id, state.next_turn, state.attempt, type(exc).__name__, reason,
+                  exc_info=not isinstance(exc, RolloutJournalError))
+        await self._durable(live, keep=0)
+        self._applied(state, RolloutFailed(state.header(self.writer), type(exc).__name__, reason), unsent)
+        await self.commit(unsent)
+
+    def action_of(self, trie: ActionTrie, output_ids: np.ndarray) -> str:
+        """The action a generation chose; a generation that is no valid action (cut short by
+        ``max_tokens``, say) is passed on as its text, which the environment answers with an
+        invalid-action observation: the policy's mistake, not the workload's."""
+        action = trie.label_of(output_ids)
+        return action if action is not None else self.tokenizer.decode(output_ids)
+
+    async def _turn(self, live: LiveRollout, events: list[RolloutEvent]) -> None:
         state, env = live.state, live.env
         rollout_id, turn = live.spec.rollout_id, state.next_turn
         actions = env.action_space()
@@ -251,9 +292,8 @@ class Agent:
                                 self.config.model.max_tokens, turn_seed(self.config.seed, rollout_id, turn))
         call = await self.model.call(state, self.prompt_of(state), params, trie,
                                      f"{rollout_id}/a{state.attempt}/t{turn}/c0", writer=self.writer)
-        events: list[RolloutEvent] = []
         self._applied(state, call.event, events)
-        action = trie.decode_action(call.generation.output_ids)
+        action = self.action_of(trie, call.generation.output_ids)
         counter = iter(range(1 << 30))
 
         def request_for(resource: Resource) -> MutationRequest:
@@ -287,7 +327,8 @@ class Agent:
         if self.sink.journals and (last or periodic):
             snapshot = self.snapshot_draft(live)
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
-        live.in_flight.append((self.sink.submit(events, snapshot), turn))
+        live.in_flight.append((self.sink.submit(list(events), snapshot), turn))
+        events.clear()  # handed to the journal: a failure from here on journals nothing of this turn twice
         await self._durable(live, keep=self.config.turns_in_flight - 1)
 
     def head_checkpoint(self, live: LiveRollout, turn: int) -> RolloutEvent:

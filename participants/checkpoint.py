@@ -8,9 +8,13 @@ an opaque store), a consistent cut needs a pause:
 2. park every agent at a turn boundary, each within ``prepare_timeout_s`` -
    a rollout that does not get there in time is skipped this round, it does
    not fail the checkpoint;
-3. export each parked rollout's opaque resource state (transient control
-   errors such as an HTTP 500 are retried with backoff);
-4. commit one snapshot per parked rollout (group-committed together);
+3. export each parked rollout's opaque resource state, every export at once
+   and all of them within one more ``prepare_timeout_s`` (transient control
+   errors such as an HTTP 500 are retried with backoff); each export is
+   checked before it is used (an error page served with HTTP 200 is no
+   state), and a rollout whose exports fail, or are not done in time, is
+   skipped this round;
+4. commit one snapshot per rollout exported (group-committed together);
 5. reopen admission and the turn boundary.
 
 A finished rollout that waits for its acknowledgement is already at a
@@ -32,7 +36,7 @@ from journal.journal import Journal
 from .agent import Agent, LiveRollout, durable
 from .model import ModelParticipant
 from .resource_server import ControlError, TransientControlError
-from .resources import Resource
+from .resources import Resource, ResourceError
 
 log = logging.getLogger(__name__)
 
@@ -73,17 +77,16 @@ class CoordinatedCheckpointer:
                 log.warning("model calls still in flight after %.1fs; their rollouts are skipped this round",
                             self.prepare_timeout_s)
             # An acknowledged rollout left the snapshot stream: a new snapshot would bring it back.
-            parked = await self._park([r for r in rollouts if not r.acknowledged.is_set()], report)
+            # A failed one stopped mid-turn: its resources may hold what the journal does not.
+            candidates = [r for r in rollouts if not r.acknowledged.is_set() and r.state.failure is None]
+            parked = await self._park(candidates, report)
+            exported = await self._export_all(parked, report)
             drafts = []
             for live in parked:
-                try:
-                    states = {rid: await self._export(r, report) for rid, r in live.env.resources.items()
-                              if r.supports_export}
-                except ControlError as exc:
-                    report.skipped[live.spec.rollout_id] = f"export failed: {exc}"
-                    continue
-                drafts.append(self.agent.snapshot_draft(live, states))
-                report.included.append(live.spec.rollout_id)
+                states = exported.get(live.spec.rollout_id)
+                if states is not None:
+                    drafts.append(self.agent.snapshot_draft(live, states))
+                    report.included.append(live.spec.rollout_id)
             futures = [self.journal.append([], draft) for draft in drafts]
             for future in futures:
                 await durable(future)
@@ -108,14 +111,44 @@ class CoordinatedCheckpointer:
         results = await asyncio.gather(*(parked(live) for live in rollouts))
         return [live for live, ok in zip(rollouts, results) if ok]
 
+    async def _export_all(self, parked: list[LiveRollout], report: CheckpointReport) -> dict[str, dict[str, bytes]]:
+        """Every parked rollout's exports, all requested at once; the whole phase is bounded by
+        the prepare timeout. A rollout whose exports fail or are late is skipped this round."""
+        async def export(live: LiveRollout) -> dict[str, bytes]:
+            resources = [r for r in live.env.resources.values() if r.supports_export]
+            states = await asyncio.gather(*(self._export(r, report) for r in resources))
+            return {r.resource_id: state for r, state in zip(resources, states)}
+
+        tasks = {asyncio.create_task(export(live)): live.spec.rollout_id for live in parked}
+        if not tasks:
+            return {}
+        done, late = await asyncio.wait(tasks, timeout=self.prepare_timeout_s)
+        for task in late:
+            task.cancel()  # a blocked export thread runs on, but nothing waits for it
+            report.skipped[tasks[task]] = f"exports not done within {self.prepare_timeout_s}s"
+        exported = {}
+        for task in done:
+            rollout_id = tasks[task]
+            try:
+                exported[rollout_id] = task.result()
+            except (ControlError, ResourceError) as exc:  # an unusable export (check_export) included
+                report.skipped[rollout_id] = f"export failed: {exc}"
+        if late:
+            await asyncio.wait(late)  # let the cancellations land before the turn boundary reopens
+        return exported
+
     async def _export(self, resource: Resource, report: CheckpointReport) -> bytes:
+        """One resource's export, retried on transient errors and checked before it is used."""
         for attempt in range(self.max_retries + 1):
             try:
-                return await asyncio.to_thread(self.exporter.export, resource)
+                data = await asyncio.to_thread(self.exporter.export, resource)
             except TransientControlError as exc:
                 if attempt == self.max_retries:
                     raise ControlError(f"{exc} (gave up after {attempt + 1} tries)") from exc
                 report.retries += 1
                 log.warning("transient control error, retrying: %s", exc)
                 await asyncio.sleep(self.retry_backoff_s * (2 ** attempt))
+                continue
+            resource.check_export(data)
+            return data
         raise AssertionError("unreachable")

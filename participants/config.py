@@ -1,16 +1,25 @@
 """The workload a user writes (YAML or flags): what to roll out, with which
-model, journaled where. Validated with pydantic so a typo is named at once."""
+model, journaled where. Validated with pydantic so a typo is named at once.
+
+Everything a workload names is checked here, where it enters, before anything
+is built or created: a name the journal can key, environments that exist, a
+journal location that can be written (a directory that is or can be made, or a
+well-formed ``kafka://`` URL)."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from journal.errors import ConfigurationError
+from journal.open import is_kafka_url
+from journal.snapshots import LEGACY_WORKLOAD_PREFIX
 
 
 class ModelConfig(BaseModel):
@@ -24,6 +33,64 @@ class ModelConfig(BaseModel):
     max_concurrent_calls: int = Field(8, ge=1, description="admission gate: model calls in flight at once")
     torch_threads: int = Field(1, ge=1, description="intra-op threads for the torch policy: the tiny model is "
                                                    "latency-bound, one thread leaves the other cores to the journal")
+
+
+TOPOLOGY_FIELDS = frozenset({"environment", "seed", "model", "max_turns"})
+
+
+class TopologyChangedError(ConfigurationError):
+    """A resume whose model, sampling, environment or ``max_turns`` differ from what the
+    journal's rollouts ran with: continuing would mix two policies inside one rollout."""
+
+
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a workload (or a rollout: ids are ``<workload>-g<G>-s<S>``), or None.
+
+    The journal keys its own records ``<rollout>/fence``, ``<workload>/workload`` and
+    ``<rollout>/blob/...``: a name holding ``/`` would be read as one of those and never
+    get a usable snapshot. Whitespace would break ``--progress-lines`` and ``show``'s
+    arguments; ``workload:`` prefixed 0.1.0's registration keys."""
+    if not name:
+        return "is empty"
+    if "/" in name:
+        return "contains '/', which the journal reserves for its internal keys; use '-', '_' or '.' instead"
+    if any(ch.isspace() or not ch.isprintable() for ch in name):
+        return "contains whitespace or a control character"
+    if name.startswith(LEGACY_WORKLOAD_PREFIX):
+        return f"starts with {LEGACY_WORKLOAD_PREFIX!r}, which the journal reserves"
+    return None
+
+
+def check_journal_location(location: str) -> str:
+    """``location`` if a workload can journal there, else ``ConfigurationError`` naming why.
+
+    Only checks (nothing is created): a ``kafka://`` URL must parse (host, numeric port,
+    namespace, settings); a directory must be one, or be creatable, and be writable."""
+    if not location.strip():
+        raise ConfigurationError("journal location is empty: name a directory or kafka://host:port/namespace")
+    if is_kafka_url(location):
+        from journal.kafka_config import (
+            KafkaSettings,  # pydantic only; no broker client
+        )
+
+        KafkaSettings.from_url(location)
+        return location
+    if "://" in location:
+        raise ConfigurationError(f"journal location {location!r}: unknown scheme; "
+                                 "use a directory path or kafka://host:port/namespace")
+    path = Path(location)
+    existing = path
+    while not existing.exists() and existing != existing.parent:  # the nearest part that exists
+        if existing.is_symlink():
+            raise ConfigurationError(f"journal {location}: {existing} is a dangling symbolic link")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ConfigurationError(f"journal {location}: {existing} is not a directory; "
+                                 "a file journal is a directory (or kafka://host:port/namespace)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "journal directory" if existing == path else "directory"
+        raise ConfigurationError(f"journal {location}: the {what} {existing} is not writable")
+    return location
 
 
 class WorkloadConfig(BaseModel):
@@ -54,25 +121,123 @@ class WorkloadConfig(BaseModel):
     prepare_timeout_s: float = Field(2.0, gt=0.0, description="coordinated mode: skip a rollout not parked in time")
     allow_early_submit: bool = Field(True, description="let the model end a rollout before max_turns with submit()")
 
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_key(cls, value: str) -> str:
+        problem = name_problem(value)
+        if problem:
+            raise ValueError(f"workload name {value!r} {problem}")
+        return value
+
+    @field_validator("writer")
+    @classmethod
+    def _writer_not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("writer must not be blank: it names this worker's slot")
+        return value
+
+    @field_validator("environment")
+    @classmethod
+    def _environments_exist(cls, value: str) -> str:
+        from .environments import environment_class
+
+        names = _split_names(value)
+        if not names:
+            raise ValueError(f"environment {value!r} names no environment")
+        try:
+            for name in names:
+                environment_class(name)
+        except LookupError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("journal")
+    @classmethod
+    def _journal_usable(cls, value: str) -> str:
+        try:
+            return check_journal_location(value)
+        except ConfigurationError as exc:  # a ValueError joins pydantic's report of every bad setting
+            raise ValueError(str(exc)) from None
+
     @classmethod
     def load(cls, path: str | Path, **overrides: object) -> "WorkloadConfig":
+        """Read and validate a workload YAML; ``overrides`` (None: not given) win over the file.
+        Any problem is a ``ConfigurationError`` of one line naming the file and the setting."""
         try:
-            raw = yaml.safe_load(Path(path).read_text()) or {}
+            raw = yaml.safe_load(Path(path).read_text())
         except FileNotFoundError:
             raise ConfigurationError(f"workload config {path} does not exist") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigurationError(f"workload config {path} cannot be read: {_reason(exc)}") from None
         except yaml.YAMLError as exc:
-            raise ConfigurationError(f"workload config {path} is not valid YAML: {exc}") from None
+            raise ConfigurationError(f"workload config {path} is not valid YAML: {_yaml_problem(exc)}") from None
+        if raw is None:
+            raise ConfigurationError(f"workload config {path} is empty; write the workload's settings in it "
+                                     "(see examples/demo.yaml)")
+        if not isinstance(raw, dict):
+            raise ConfigurationError(f"workload config {path} must be a mapping of settings (name: demo, ...), "
+                                     f"not a {type(raw).__name__}")
         raw.update({k: v for k, v in overrides.items() if v is not None})
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
-            raise ConfigurationError(f"workload config {path}: {exc}") from None
+            raise ConfigurationError(f"workload config {path}: {validation_problems(exc)}") from None
 
     @property
     def environments(self) -> list[str]:
-        return [name.strip() for name in self.environment.split(",") if name.strip()]
+        return _split_names(self.environment)
 
     def topology(self) -> str:
         """Fingerprint of what determines a rollout's behaviour (not where it is journaled)."""
-        fields = self.model_dump(include={"environment", "seed", "model", "max_turns"})
+        fields = self.model_dump(include=set(TOPOLOGY_FIELDS))
         return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16]
+
+    def topology_diff(self, recorded_spec_json: str) -> list[str]:
+        """The settings behind :meth:`topology` that differ from a recorded config (a workload
+        registration's ``spec_json``), as ``model.weights_seed 0 -> 1``; empty if none can be told."""
+        try:
+            recorded = json.loads(recorded_spec_json)
+        except ValueError:
+            return []
+        if not isinstance(recorded, dict):
+            return []
+        old = _flatten({k: v for k, v in recorded.items() if k in TOPOLOGY_FIELDS})
+        new = _flatten(self.model_dump(mode="json", include=set(TOPOLOGY_FIELDS)))
+        unset = "(unset)"
+        return [f"{key} {json.dumps(old.get(key, unset))} -> {json.dumps(new.get(key, unset))}"
+                for key in sorted(old.keys() | new.keys()) if old.get(key, unset) != new.get(key, unset)]
+
+
+def _flatten(settings: dict, prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _split_names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
+def validation_problems(exc: ValidationError) -> str:
+    """A pydantic error report as one line: ``setting 'model.max_tokens': <why> (got 0); ...``."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "settings"
+        message = error["msg"].removeprefix("Value error, ")
+        got = "" if error["type"] == "value_error" else f" (got {json.dumps(error.get('input'), default=repr)[:60]})"
+        problems.append(f"setting {where!r}: {message}{got}")
+    return "; ".join(problems)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{problem} at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else problem
+
+
+def _reason(exc: BaseException) -> str:
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)

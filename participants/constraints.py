@@ -107,7 +107,7 @@ class ActionTrie:
         ids = _as_list(generated_so_far)
         return self.match(ids) is not None and bool(ids) and ids[-1] == self.eos_id
 
-    def match(self, output_ids: Sequence[int]) -> int | None:
+    def match(self, output_ids: Sequence[int] | np.ndarray) -> int | None:
         """Index of the action the ids spell (trailing EOS optional), else None."""
         ids = _as_list(output_ids)
         if ids and ids[-1] == self.eos_id:
@@ -119,14 +119,20 @@ class ActionTrie:
                 return None
         return node.terminal
 
-    def decode_action(self, output_ids: Sequence[int]) -> str:
+    def decode_action(self, output_ids: Sequence[int] | np.ndarray) -> str:
         """The action string a generation chose; needs a trie built ``from_strings``."""
+        action = self.label_of(output_ids)
+        if action is None:
+            raise ConstraintViolation(f"ids {_as_list(output_ids)} are not one of the {len(self)} valid actions")
+        return action
+
+    def label_of(self, output_ids: Sequence[int] | np.ndarray) -> str | None:
+        """The action string the ids spell (trailing EOS optional), or None when they spell none
+        (a generation cut short by ``max_tokens``); needs a trie built ``from_strings``."""
         if self._labels is None:
             raise ValueError("this ActionTrie was built from ids; build it with ActionTrie.from_strings to decode")
         index = self.match(output_ids)
-        if index is None:
-            raise ConstraintViolation(f"ids {_as_list(output_ids)} are not one of the {len(self)} valid actions")
-        return self._labels[index]
+        return None if index is None else self._labels[index]
 
     def _walk(self, ids: list[int], require_terminal: bool) -> _Node:
         node = self._root
@@ -152,5 +158,5 @@ class ActionTrie:
             stack.extend(node.children.values())
 
 
-def _as_list(ids: Sequence[int]) -> list[int]:
+def _as_list(ids: Sequence[int] | np.ndarray) -> list[int]:
     return ids.tolist() if isinstance(ids, np.ndarray) else [int(t) for t in ids]

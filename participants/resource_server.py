@@ -4,8 +4,9 @@ with ``HttpStateExporter``; a 5xx answer or a dropped connection is transient
 and retried, a 4xx is not.
 
 Endpoints: ``GET /resources/<resource_id>/export`` (the opaque state bytes) and
-``GET /health``. ``fail_next(n, status)`` makes the next ``n`` export requests
-fail with ``status`` (fault injection for tests and drills).
+``GET /health``. ``fail_next(n, status, body)`` makes the next ``n`` export
+requests answer ``status`` with ``body`` instead of the state (fault injection for
+tests and drills: a 500, or an error page served with a 200).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class ResourceServer:
         self._resources: dict[str, Resource] = {}
         self._lookup = lookup
         self._lock = threading.Lock()
-        self._failures: list[int] = []
+        self._failures: list[tuple[int, bytes]] = []
         self.requests = 0
         server = self
 
@@ -62,9 +63,9 @@ class ResourceServer:
         with self._lock:
             self._resources[resource.resource_id] = resource
 
-    def fail_next(self, count: int, status: int = 500) -> None:
+    def fail_next(self, count: int, status: int = 500, body: bytes = b"injected failure") -> None:
         with self._lock:
-            self._failures.extend([status] * count)
+            self._failures.extend([(status, body)] * count)
 
     def _handle(self, request: BaseHTTPRequestHandler) -> None:
         with self._lock:
@@ -73,7 +74,7 @@ class ResourceServer:
         if request.path == "/health":
             return self._reply(request, 200, b"ok")
         if failure is not None:
-            return self._reply(request, failure, b"injected failure")
+            return self._reply(request, *failure)
         parts = request.path.strip("/").split("/")
         if len(parts) < 3 or parts[0] != "resources" or parts[-1] != "export":
             return self._reply(request, 404, b"unknown endpoint")

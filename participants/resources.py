@@ -337,6 +337,24 @@ def verify_chain(resource_id: str, records: Sequence[MutationRecord]) -> str:
     return head
 
 
+@dataclass(frozen=True)
+class _Export:
+    """An export document, parsed and checked (see ``Resource.check_export``)."""
+
+    state: Any
+    applied: list[MutationRecord]
+    fences: dict[str, int]
+    revision: int
+    chain_hash: str
+    state_digest: str
+
+
+def _preview(data: bytes) -> str:
+    """The first bytes of a payload that is not what it claims, for the error message."""
+    head = data[:40].decode("utf-8", errors="replace")
+    return f"starts {head!r}" + ("..." if len(data) > 40 else "")
+
+
 # ----------------------------------------------------------------- the base class
 
 
@@ -481,32 +499,54 @@ class Resource(ABC):
         }
         return canonical_json(doc).encode("utf-8")
 
+    def check_export(self, data: bytes) -> None:
+        """Refuse (``StateImportError``) bytes that are not this resource's export at its current
+        revision: an error page served with HTTP 200, a truncated body, another resource's state,
+        a stale copy. A coordinated checkpoint checks every export before it snapshots it, because
+        a snapshot that does not import makes every later restore fall back. Changes nothing."""
+        export = self._read_export(data)
+        if export.revision != self._revision:
+            raise StateImportError(f"export of resource {self.resource_id!r} is at revision {export.revision}, "
+                                   f"the resource at {self._revision}: a stale or foreign copy")
+
     def import_state(self, data: bytes) -> None:
         """Replace this resource's state with bytes from :meth:`export_state` of the same resource."""
+        if not self.supports_export:
+            raise RecoveryNotSupportedError(f"resource {self.resource_id!r} ({self.kind}, {self.recovery.value}) cannot import state; restore it by {self._recovery_hint()}")
+        export = self._read_export(data)
+        previous = _json_clean(self._canonical_state(), f"state of {self.resource_id!r}")
+        try:
+            self._load_state(export.state)
+        except (KeyError, TypeError, ValueError, AttributeError, MalformedRecordError) as exc:
+            self._load_state(previous)
+            raise StateImportError(f"state for resource {self.resource_id!r} is malformed ({exc!r}); nothing was changed") from exc
+        if self.state_digest() != export.state_digest:
+            self._load_state(previous)
+            raise StateImportError(f"imported state of {self.resource_id!r} does not match its recorded digest; the export is corrupt, nothing was changed")
+        self._revision, self._chain_hash = export.revision, export.chain_hash
+        self._fences, self._applied = export.fences, {r.idempotency_key: r for r in export.applied}
+
+    def _read_export(self, data: bytes) -> _Export:
+        """Parse and check an export document of this resource; nothing is changed."""
         if not self.supports_export:
             raise RecoveryNotSupportedError(f"resource {self.resource_id!r} ({self.kind}, {self.recovery.value}) cannot import state; restore it by {self._recovery_hint()}")
         try:
             doc = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
-            raise StateImportError(f"state for resource {self.resource_id!r} is not valid UTF-8 JSON ({exc}); was it produced by export_state()?") from exc
+            raise StateImportError(f"state for resource {self.resource_id!r} is not valid UTF-8 JSON ({_preview(data)}: {exc}); was it produced by export_state()?") from exc
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise StateImportError(f"state for resource {self.resource_id!r} is not in format {EXPORT_FORMAT!r}")
         if doc.get("resource_id") != self.resource_id or doc.get("kind") != self.kind:
             raise StateImportError(f"state was exported by {doc.get('resource_id')!r} ({doc.get('kind')}), not {self.resource_id!r} ({self.kind})")
-        previous = _json_clean(self._canonical_state(), f"state of {self.resource_id!r}")
         try:
-            applied = [MutationRecord.from_dict(r) for r in doc["applied"]]
-            fences = {str(k): int(v) for k, v in doc["fences"].items()}
-            revision, chain_hash, digest = int(doc["revision"]), str(doc["chain_hash"]), str(doc["state_digest"])
-            self._load_state(doc["state"])
+            return _Export(
+                state=doc["state"],
+                applied=[MutationRecord.from_dict(r) for r in doc["applied"]],
+                fences={str(k): int(v) for k, v in doc["fences"].items()},
+                revision=int(doc["revision"]), chain_hash=str(doc["chain_hash"]), state_digest=str(doc["state_digest"]),
+            )
         except (KeyError, TypeError, ValueError, AttributeError, MalformedRecordError) as exc:
-            self._load_state(previous)
             raise StateImportError(f"state for resource {self.resource_id!r} is malformed ({exc!r}); nothing was changed") from exc
-        if self.state_digest() != digest:
-            self._load_state(previous)
-            raise StateImportError(f"imported state of {self.resource_id!r} does not match its recorded digest; the export is corrupt, nothing was changed")
-        self._revision, self._chain_hash = revision, chain_hash
-        self._fences, self._applied = fences, {r.idempotency_key: r for r in applied}
 
     def reset(self) -> None:
         """Back to the initial state with a fresh chain (restart_only); fences are kept."""

@@ -18,15 +18,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from journal.anchoring import HeadSigner
-from journal.errors import ConfigurationError, JournalClosedError
+from journal.errors import ConfigurationError, JournalClosedError, RecordLocation
 from journal.events import Header, RolloutAcknowledged, WorkloadRegistered
 from journal.journal import Journal
-from journal.restore import RolloutHistory, load_rollouts
+from journal.restore import RolloutHistory, load_rollouts, reload_rollout
 
 from .agent import Agent, JournalSink, LiveRollout, NullSink, durable
 from .checkpoint import CoordinatedCheckpointer, StateExporter
 from .resource_server import InProcessExporter
-from .config import WorkloadConfig
+from .config import TopologyChangedError, WorkloadConfig, name_problem
 from .environments import Environment, make_environment
 from .generation import GenerationBackend
 from .model import ModelParticipant
@@ -38,6 +38,11 @@ log = logging.getLogger(__name__)
 
 
 def workload_specs(config: WorkloadConfig) -> list[RolloutSpec]:
+    """The workload's rollouts, ``<name>-g<G>-s<S>``; a name the journal cannot key is refused
+    here too (a config built with ``model_copy`` skipped validation)."""
+    problem = name_problem(config.name)
+    if problem:
+        raise ConfigurationError(f"workload name {config.name!r} {problem}")
     specs = []
     for g in range(config.groups):
         environment = config.environments[g % len(config.environments)]
@@ -58,6 +63,7 @@ class RolloutReport:
     outcome: dict | None = None
     acknowledged: bool = False  # the trainer took its result before this run: nothing to do
     set_aside: str | None = None  # its journal could not be restored (why); the other rollouts ran
+    failed: str | None = None  # it stopped on an infrastructure failure (why), journaled; the others ran
 
 
 @dataclass
@@ -101,13 +107,20 @@ class RunReport:
         return sum(r.turns_run_here for r in self.rollouts.values())
 
     def outcomes(self) -> dict[str, dict]:
-        """Outcome per rollout this run produced or offered again (acknowledged and set-aside ones have none)."""
-        return {rid: r.outcome for rid, r in sorted(self.rollouts.items()) if not r.acknowledged and not r.set_aside}
+        """Outcome per rollout this run produced or offered again (acknowledged, set-aside and
+        failed ones have none)."""
+        return {rid: r.outcome for rid, r in sorted(self.rollouts.items())
+                if not r.acknowledged and not r.set_aside and not r.failed}
 
     @property
     def set_aside(self) -> dict[str, str]:
         """Rollouts whose journal could not be restored, and why."""
         return {rid: r.set_aside for rid, r in sorted(self.rollouts.items()) if r.set_aside}
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Rollouts that stopped on an infrastructure failure (journaled as ``RolloutFailed``), and why."""
+        return {rid: r.failed for rid, r in sorted(self.rollouts.items()) if r.failed}
 
 
 ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that turn is durable
@@ -117,12 +130,15 @@ class Runner:
     def __init__(self, config: WorkloadConfig, journal: Journal | None, backend: GenerationBackend,
                  tokenizer: ChatTokenizer, *, progress: ProgressCallback | None = None,
                  exporter: StateExporter | None = None, hold_until_acknowledged: bool = False,
-                 signer: HeadSigner | None = None) -> None:
+                 signer: HeadSigner | None = None, topology_override: str | None = None) -> None:
         """``hold_until_acknowledged`` keeps a finished rollout waiting for the trainer's
         acknowledgement (``acknowledge``) before the run may end, as a GRPO trainer holds a
         prompt group until every sibling is in. ``signer`` anchors the resources' chain heads
-        (``HeadSigner.from_environment()`` is what ``run_workload`` passes)."""
+        (``HeadSigner.from_environment()`` is what ``run_workload`` passes). ``topology_override``
+        (why) lets a resume go on with another topology than the journal's; it is recorded in
+        each resumed attempt."""
         self.config = config
+        self.topology_override = topology_override
         self.journal = journal
         self.model = ModelParticipant(backend, max_in_flight=config.model.max_concurrent_calls)
         sink = JournalSink(journal) if journal is not None and config.journaling else NullSink()
@@ -132,7 +148,7 @@ class Runner:
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}
         self.hold_until_acknowledged = hold_until_acknowledged
-        self.restore = RestoreTiming()  # of the current run; _prepare adds its folding and rebuilding
+        self.restore = RestoreTiming()  # of the current run; restoring adds its folding and rebuilding
         self.checkpointer: CoordinatedCheckpointer | None = None
         if config.checkpoint_mode == "coordinated" and journal is not None and config.journaling:
             self.checkpointer = CoordinatedCheckpointer(
@@ -161,21 +177,37 @@ class Runner:
                     "use `rollout-journal resume` to continue it, or point --journal at a fresh location"
                 )
         registered = set(registration.rollout_ids) if registration is not None else set()
+        restored: dict[str, tuple[RolloutHistory, RolloutState]] = {}
+        folding = time.perf_counter()
+        for spec in specs:  # every state first: nothing starts before the topology is checked
+            history = histories.get(spec.rollout_id)
+            if history is None:
+                continue
+            try:
+                restored[spec.rollout_id] = history, restore_state(history, spec.group_id)
+            except StateFoldError as exc:  # this rollout's journal is damaged: it alone waits
+                self._set_aside(report, spec, exc)
+        if histories:  # a fresh run folds nothing
+            self.restore.fold_s += time.perf_counter() - folding
+        override = self._topology_check(registration, [state for _, state in restored.values()])
         first_commits = []
         for spec in specs:
             history = histories.get(spec.rollout_id)
+            if spec.rollout_id in report.rollouts:
+                continue  # set aside above
             if history is None and spec.rollout_id in registered:
                 # Registered, yet gone from the snapshot stream: the trainer acknowledged it.
                 report.rollouts[spec.rollout_id] = RolloutReport(spec.rollout_id, 0, 0, 0, False, False,
                                                                  acknowledged=True)
                 continue
+            prepared: tuple[LiveRollout | None, RolloutReport, Awaitable[None] | None]
             try:
-                live, rollout_report, commit = self._prepare(spec, history)
+                prepared = self._start(spec) if history is None else \
+                    self._resume(spec, *restored[spec.rollout_id], override, report)
             except (StateFoldError, ResourceError) as exc:  # this rollout's journal is damaged: it alone waits
-                log.error("rollout %s set aside: %s", spec.rollout_id, exc)
-                report.rollouts[spec.rollout_id] = RolloutReport(spec.rollout_id, 0, 0, 0, False, False,
-                                                                 set_aside=str(exc))
+                self._set_aside(report, spec, exc)
                 continue
+            live, rollout_report, commit = prepared
             report.rollouts[spec.rollout_id] = rollout_report
             if live is not None:
                 self.live[spec.rollout_id] = live
@@ -186,14 +218,17 @@ class Runner:
         await asyncio.gather(*first_commits)
         if histories:  # the resumed attempts' fences (a new rollout's first commit rides along, one group commit)
             report.restore.fence_s = time.perf_counter() - fencing
-        if self.journal is not None and self.config.journaling and registered != {s.rollout_id for s in specs}:
+        stale_registration = registration is not None and registration.topology != self.config.topology()
+        if self.journal is not None and self.config.journaling and (
+                registered != {s.rollout_id for s in specs} or stale_registration):
             await self._register_workload(specs)  # after the first commits: a registered rollout has a snapshot
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def drive(live: LiveRollout) -> None:
             async with semaphore:
                 limit = (stop_after or {}).get(live.spec.rollout_id)
-                while not live.state.finished and (limit is None or live.state.next_turn < limit):
+                while not live.state.finished and live.state.failure is None \
+                        and (limit is None or live.state.next_turn < limit):
                     await self.agent.run_turn(live)
                 await self.agent.settle(live)
             if live.state.finished and self.hold_until_acknowledged:
@@ -212,7 +247,7 @@ class Runner:
         for rid, live in self.live.items():
             r = report.rollouts[rid]
             r.turns_run_here, r.tokens_run_here = live.turns_run_here, live.tokens_run_here
-            r.outcome = live.state.outcome
+            r.outcome, r.failed = live.state.outcome, live.state.failure
         if self.journal is not None:
             self.journal.flush()
         report.run_seconds = time.perf_counter() - started
@@ -251,17 +286,44 @@ class Runner:
     def _new_environment(self, spec: RolloutSpec) -> Environment:
         return make_environment(spec.environment, spec.rollout_id, spec.task_seed)
 
-    def _prepare(self, spec: RolloutSpec, history: RolloutHistory | None
-                 ) -> tuple[LiveRollout | None, RolloutReport, Awaitable[None] | None]:
+    @staticmethod
+    def _set_aside(report: RunReport, spec: RolloutSpec, exc: Exception) -> None:
+        log.error("rollout %s set aside: %s", spec.rollout_id, exc)
+        report.rollouts[spec.rollout_id] = RolloutReport(spec.rollout_id, 0, 0, 0, False, False, set_aside=str(exc))
+
+    def _topology_check(self, registration: WorkloadRegistered | None, states: list[RolloutState]) -> str | None:
+        """What to record as the resumed attempts' override: None when the journal's unfinished
+        rollouts (and the workload's registration) ran with this config's topology. A change
+        without ``topology_override`` raises :class:`TopologyChangedError` with the diff."""
+        current = self.config.topology()
+        unfinished = [s for s in states if not s.finished and not s.acknowledged]
+        recorded = {s.topology for s in unfinished} | ({registration.topology} if registration else set())
+        changed = sorted(recorded - {current, ""})  # "": a 0.1.0 registration kept no fingerprint
+        if not changed or not unfinished:  # nothing to resume: no rollout would mix two policies
+            return None
+        diff = self.config.topology_diff(registration.spec_json) if registration is not None else []
+        what = ", ".join(diff) if diff else (
+            f"fingerprint {', '.join(changed)} -> {current} (the journal keeps no readable copy of the old settings)")
+        if self.topology_override is None:
+            raise TopologyChangedError(
+                f"resume refused: workload {self.config.name!r} in journal {self.config.journal} ran with other "
+                f"settings: {what}; continuing would mix two policies inside its {len(unfinished)} unfinished "
+                "rollouts. Resume with the journal's settings, or pass --allow-topology-change WHY "
+                "(topology_override) to continue anyway; WHY is recorded in the journal")
+        log.warning("resuming workload %s with another topology (%s), as asked: %s",
+                    self.config.name, what, self.topology_override)
+        return f"{self.topology_override} (changed: {what})"
+
+    def _start(self, spec: RolloutSpec) -> tuple[LiveRollout, RolloutReport, Awaitable[None]]:
+        """A rollout the journal does not hold: attempt 1 from turn 0."""
+        state = RolloutState(spec.rollout_id, spec.group_id)
+        live = LiveRollout(spec, state, self._new_environment(spec))
+        events = self.agent.start_attempt(live, resumed_from_turn=0, reason="new rollout")
+        return live, RolloutReport(spec.rollout_id, 0, 0, 0, False, False), self.agent.begin(live, events)
+
+    def _resume(self, spec: RolloutSpec, history: RolloutHistory, state: RolloutState, override: str | None,
+                report: RunReport) -> tuple[LiveRollout | None, RolloutReport, Awaitable[None] | None]:
         """The live rollout to drive (None if finished), its report entry, and its first commit."""
-        if history is None:
-            state = RolloutState(spec.rollout_id, spec.group_id)
-            live = LiveRollout(spec, state, self._new_environment(spec))
-            events = self.agent.start_attempt(live, resumed_from_turn=0, reason="new rollout")
-            return live, RolloutReport(spec.rollout_id, 0, 0, 0, False, False), self.agent.begin(live, events)
-        folding = time.perf_counter()
-        state = restore_state(history, spec.group_id)
-        self.restore.fold_s += time.perf_counter() - folding
         self.states[spec.rollout_id] = state  # a finished result may still be acknowledged
         committed = state.next_turn
         if state.acknowledged:  # the trainer took it (its snapshot tombstone may be lost; the event is not)
@@ -274,16 +336,41 @@ class Runner:
         if restart:
             reason = f"restart from turn 0: environment {spec.environment!r} is restart_only"
         else:
-            try:
-                self._rebuild(spec, state, env)
-            except BaseException:
-                env.close()
-                raise
-            reason = f"resume after crash at turn {committed}"
+            state, env = self._rebuilt(spec, history, state, env, report)
+            self.states[spec.rollout_id] = state
+            committed = state.next_turn
+            reason = f"resume after crash at turn {committed}" if state.failure is None else \
+                f"resume at turn {committed} after attempt {state.attempt} failed: {state.failure}"
         self.restore.rebuild_s += time.perf_counter() - rebuilding
         live = LiveRollout(spec, state, env)
-        events = self.agent.start_attempt(live, resumed_from_turn=0 if restart else committed, reason=reason)
+        events = self.agent.start_attempt(live, resumed_from_turn=0 if restart else committed, reason=reason,
+                                          override=override)
         return live, RolloutReport(spec.rollout_id, committed, 0, 0, restart, False), self.agent.commit(events)
+
+    def _rebuilt(self, spec: RolloutSpec, history: RolloutHistory, state: RolloutState, env: Environment,
+                 report: RunReport) -> tuple[RolloutState, Environment]:
+        """The rollout's state and a fresh environment brought to it. A snapshot whose exported
+        resource states do not import (or do not take its mutations) is left out: the previous
+        snapshot and a longer replay take its place, down to a replay from the first event.
+        Raises (the rollout alone is set aside) when nothing works."""
+        unusable: set[RecordLocation] = set()
+        while True:
+            try:
+                self._rebuild(spec, state, env)
+                return state, env
+            except BaseException as exc:
+                env.close()
+                if not isinstance(exc, ResourceError) or history.snapshot is None or self.journal is None:
+                    raise
+                bad, why = history.snapshot.location, exc
+            unusable.add(bad)
+            note = (f"rollout {spec.rollout_id}: the snapshot at {bad} does not restore its resources ({why}); "
+                    "falling back to the previous snapshot and a longer replay")
+            log.warning("%s", note)
+            report.read_errors.append(note)
+            history = reload_rollout(self.journal, spec.rollout_id, unusable)
+            state = restore_state(history, spec.group_id)
+            env = self._new_environment(spec)
 
     @staticmethod
     def _rebuild(spec: RolloutSpec, state: RolloutState, env: Environment) -> None:

@@ -10,6 +10,7 @@ from collections.abc import Callable
 import torch
 
 from journal.anchoring import HeadSigner
+from journal.errors import ConfigurationError
 from journal.journal import Journal
 from journal.open import open_journal
 
@@ -38,19 +39,28 @@ def build_backend(config: WorkloadConfig) -> TinyTorchPolicy:
 
 def open_workload_journal(config: WorkloadConfig) -> Journal:
     """The journal a workload writes, with the workload's group-commit linger."""
-    return open_journal(config.journal, writer=config.writer, linger_ms=config.journal_linger_ms)
+    try:
+        return open_journal(config.journal, writer=config.writer, linger_ms=config.journal_linger_ms)
+    except OSError as exc:  # a directory that cannot be made or written (checked earlier where it could be)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ConfigurationError(f"journal {config.journal} cannot be opened for writing: "
+                                 f"{exc.strerror or exc}{where}") from exc
 
 
 def run_workload(config: WorkloadConfig, *, resume: bool, on_turn: TurnCallback | None = None,
-                 stop_after: dict[str, int] | None = None) -> RunReport:
+                 stop_after: dict[str, int] | None = None, topology_override: str | None = None) -> RunReport:
     """Run every rollout of ``config`` to the end; with ``resume``, continue what the journal holds.
-    With ``ROLLOUT_JOURNAL_SIGNING_KEY`` set, every commit of mutations carries signed chain heads."""
-    backend = build_backend(config)
+    With ``ROLLOUT_JOURNAL_SIGNING_KEY`` set, every commit of mutations carries signed chain heads.
+    ``topology_override`` (why) lets a resume continue with other model, sampling, environment or
+    max_turns settings than the journal's rollouts ran with (see ``Runner``)."""
     if not config.journaling:
+        backend = build_backend(config)
         return asyncio.run(Runner(config, None, backend, backend.tokenizer, progress=on_turn).run(resume=False))
     signer = HeadSigner.from_environment()
     if signer is not None:
         log.info("workload %s: signing chain heads with key id %s", config.name, signer.key_id)
     with open_workload_journal(config) as journal:
-        runner = Runner(config, journal, backend, backend.tokenizer, progress=on_turn, signer=signer)
+        backend = build_backend(config)
+        runner = Runner(config, journal, backend, backend.tokenizer, progress=on_turn, signer=signer,
+                        topology_override=topology_override)
         return asyncio.run(runner.run(resume=resume, stop_after=stop_after))

@@ -38,7 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from journal.anchoring import VERIFY_KEY_ENV, HeadVerifier
-from journal.errors import ConfigurationError
+from journal.errors import ConfigurationError, NotInJournalError
 from journal.events import HeadCheckpoint, ResourceMutation, RolloutFinished, TurnCompleted
 from journal.journal import JournaledEvent, ReadReport
 from participants.resources import genesis_hash, link_hash
@@ -503,9 +503,8 @@ def run_command(args: argparse.Namespace) -> int:
         if args.resource is not None:  # one resource's rows: few; held so an unknown resource prints no table
             rows = list(rows)
             if not auditor.seen_resource:
-                print(f"rollout-journal: no mutation of resource {args.resource!r} in journal {args.journal} "
-                      "(`rollout-journal audit` without a resource lists every one)", file=sys.stderr)
-                return 2
+                raise NotInJournalError(f"no mutation of resource {args.resource!r} in journal {args.journal} "
+                                        "(`rollout-journal audit` without a resource lists every one)")
         if args.json:
             print('{"mutations": [')
             for i, row in enumerate(rows):

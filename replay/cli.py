@@ -9,9 +9,20 @@ import os
 import sys
 from collections.abc import Iterable
 
-from journal.errors import RolloutJournalError, writer_fenced
-
-EXIT_FENCED = 3  # another process took over this worker slot (Kafka transactional.id): this one stopped
+from journal.errors import (
+    AbortableCommitError,
+    ConfigurationError,
+    CorruptRecordError,
+    FatalJournalError,
+    FencedWriteError,
+    JournalClosedError,
+    JournalDamageError,
+    NotInJournalError,
+    ProducerFencedError,
+    RolloutJournalError,
+    WriterLockedError,
+    writer_fenced,
+)
 
 DESCRIPTION = """\
 Turn-level crash recovery for multi-turn agentic RL rollouts.
@@ -31,6 +42,81 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal kafka up             a local Kafka broker from Maven jars (no Docker)
 """
 
+# Exit codes of run/resume/demo, most specific error first. One table serves the mapping
+# and --help, so the two cannot drift apart.
+EXIT_OK = 0
+EXIT_ROLLOUTS_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INPUT = 3
+EXIT_TOPOLOGY_CHANGED = 4
+EXIT_JOURNAL_DAMAGED = 5
+EXIT_WRITER_TAKEN = 6
+EXIT_JOURNAL_FAILED = 7
+EXIT_OTHER = 8
+EXIT_INTERRUPTED = 130
+
+
+def _error_classes() -> list[tuple[tuple[type[BaseException], ...], int]]:
+    # imported here: participants is loaded only by the commands that need it
+    from participants.config import TopologyChangedError
+    from participants.environments import UnknownEnvironmentError
+    from participants.rollout_state import StateFoldError
+
+    return [
+        ((TopologyChangedError,), EXIT_TOPOLOGY_CHANGED),
+        ((ConfigurationError, UnknownEnvironmentError, NotInJournalError), EXIT_INPUT),
+        ((WriterLockedError, ProducerFencedError, FencedWriteError), EXIT_WRITER_TAKEN),
+        ((CorruptRecordError, JournalDamageError, StateFoldError), EXIT_JOURNAL_DAMAGED),
+        ((FatalJournalError, JournalClosedError, AbortableCommitError, OSError), EXIT_JOURNAL_FAILED),
+        ((RolloutJournalError,), EXIT_OTHER),
+    ]
+
+
+EXIT_CODES_HELP = f"""\
+exit codes (run, resume, demo; an error of any command ends with one of 3-8):
+  {EXIT_OK}    done
+  {EXIT_ROLLOUTS_FAILED}    the workload ran, but some rollouts failed or were set aside (each named on
+       stderr; the others finished); demo: the resumed run differs from the reference
+  {EXIT_USAGE}    bad command line
+  {EXIT_INPUT}    a workload file, journal location, name or setting was refused (nothing was created)
+  {EXIT_TOPOLOGY_CHANGED}    resume refused: the model, sampling, environment or max_turns differ from
+       the journal's (see resume --allow-topology-change)
+  {EXIT_JOURNAL_DAMAGED}    the journal is damaged or unreadable where the command needs it
+  {EXIT_WRITER_TAKEN}    another writer holds this journal or worker slot, or fenced this one
+  {EXIT_JOURNAL_FAILED}    the journal failed while writing or reading (I/O error, broker unreachable)
+  {EXIT_OTHER}    any other rollout-journal error
+  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
+Errors are one line on stderr: rollout-journal: <what, naming the thing>.
+"""
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The documented exit code of an error the command line reports in one line."""
+    if writer_fenced(exc):  # also a journal stopped because its writer was fenced
+        return EXIT_WRITER_TAKEN
+    for classes, code in _error_classes():
+        if isinstance(exc, classes):
+            return code
+    return EXIT_OTHER
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (a message quoting a child's output or a parser's may span several)."""
+    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+    if isinstance(exc, OSError) and exc.strerror:  # `[Errno 28] No space left on device: 'x'` -> the words
+        text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
+    return text or type(exc).__name__
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive number")
+    return value
+
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="workload YAML (see examples/demo.yaml)")
@@ -42,25 +128,32 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rollout-journal", description=DESCRIPTION,
+    parser = argparse.ArgumentParser(prog="rollout-journal", description=DESCRIPTION, epilog=EXIT_CODES_HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    run = sub.add_parser("run", help="run a workload from turn 0 (fails if the journal already holds it)")
+    run = sub.add_parser("run", help="run a workload from turn 0 (fails if the journal already holds it)",
+                         epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_workload_args(run)
-    resume = sub.add_parser("resume", help="continue a crashed workload: attempt N+1 of every unfinished rollout")
+    resume = sub.add_parser("resume", help="continue a crashed workload: attempt N+1 of every unfinished rollout",
+                            epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     _add_workload_args(resume)
+    resume.add_argument("--allow-topology-change", metavar="WHY",
+                        help="resume although the model, sampling, environment or max_turns differ from what the "
+                             "journal's unfinished rollouts ran with; WHY is recorded in each resumed attempt")
 
     demo = sub.add_parser("demo", help="SIGKILL a workload mid-run, resume it, show nothing finished was lost",
                           description="Runs examples/demo.yaml in a child process, kills it with SIGKILL once some "
                                       "turns are committed, resumes, prints per rollout what a restart from turn 1 "
                                       "would redo and what this restart redid, and checks the final tokens, resource "
-                                      "states and rewards against an uninterrupted run.")
+                                      "states and rewards against an uninterrupted run.",
+                          epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     demo.add_argument("--journal", help="where to journal (default: a fresh directory under runs/; "
                                         "kafka://host:port/namespace for Kafka)")
     demo.add_argument("--seed", type=int, help="seed of the random crash point")
-    demo.add_argument("--kill-after", type=int, help="kill after this many committed turns instead of a random point")
+    demo.add_argument("--kill-after", type=_positive_int,
+                      help="kill after this many committed turns instead of a random point")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
     listing = sub.add_parser("list", help="the rollouts a journal holds (reads only)")
@@ -84,18 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _workload(args: argparse.Namespace, resume: bool) -> int:
     from participants.config import WorkloadConfig
+
+    # Validated before torch is imported or anything is created: bad input fails at once.
+    config = WorkloadConfig.load(args.config, journal=args.journal, writer=args.writer)
     from participants.workload import run_workload
 
-    config = WorkloadConfig.load(args.config, journal=args.journal, writer=args.writer)
     total = config.groups * config.siblings * config.max_turns
+    override = getattr(args, "allow_topology_change", None)
     if args.progress_lines:
         def on_turn(rollout_id: str, turn: int) -> None:
             print(f"turn-committed {rollout_id} {turn}", flush=True)
-        report = run_workload(config, resume=resume, on_turn=on_turn)
+        report = run_workload(config, resume=resume, on_turn=on_turn, topology_override=override)
     else:
         from tqdm import tqdm
         with tqdm(total=total, unit="turn", desc=config.name, disable=None, file=sys.stderr) as bar:
-            report = run_workload(config, resume=resume, on_turn=lambda rollout_id, turn: bar.update())
+            report = run_workload(config, resume=resume, on_turn=lambda rollout_id, turn: bar.update(),
+                                  topology_override=override)
     summary = {
         "journal": config.journal,
         "rollouts": len(report.rollouts),
@@ -107,6 +204,7 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
         "mean_reward": mean_reward(report.outcomes().values()),
         "acknowledged": sum(r.acknowledged for r in report.rollouts.values()),
         "set_aside": report.set_aside,
+        "failed": report.failed,
     }
     if args.json:
         print(json.dumps(summary | {"outcomes": report.outcomes()}, indent=2))
@@ -119,7 +217,10 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
               + f"; journal {config.journal}")
     for rollout_id, why in report.set_aside.items():
         print(f"rollout-journal: rollout {rollout_id} set aside (the others ran): {why}", file=sys.stderr)
-    return 1 if report.set_aside else 0
+    for rollout_id, why in report.failed.items():
+        print(f"rollout-journal: rollout {rollout_id} failed (infrastructure, journaled; the others ran; "
+              f"resume retries it): {why}", file=sys.stderr)
+    return EXIT_ROLLOUTS_FAILED if report.set_aside or report.failed else EXIT_OK
 
 
 def mean_reward(outcomes: Iterable[dict | None]) -> float | None:
@@ -129,12 +230,17 @@ def mean_reward(outcomes: Iterable[dict | None]) -> float | None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from participants.config import check_journal_location
+
     from .demo import format_table, run_demo
 
+    if args.journal is not None:
+        check_journal_location(args.journal)
     report = run_demo(args.journal, seed=args.seed, kill_after=args.kill_after,
                       say=lambda line: print(line, file=sys.stderr, flush=True))
     print(json.dumps(report.as_json(), indent=2) if args.json else format_table(report))
-    return 0 if report.identical_to_uninterrupted and report.as_json()["turns_thrown_away"] == 0 else 1
+    good = report.identical_to_uninterrupted and report.as_json()["turns_thrown_away"] == 0
+    return EXIT_OK if good else EXIT_ROLLOUTS_FAILED
 
 
 def _inspect(args: argparse.Namespace) -> int:
@@ -165,8 +271,7 @@ def _inspect(args: argparse.Namespace) -> int:
                                          report=problems):
                     print(line)
             except KeyError as exc:
-                print(f"rollout-journal: {exc.args[0]}", file=sys.stderr)
-                return 2
+                raise NotInJournalError(exc.args[0]) from None
     for problem in [*problems.errors, *problems.fenced]:
         print(f"note: {problem}", file=sys.stderr)
     return 0
@@ -195,14 +300,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)
-    except RolloutJournalError as exc:
-        print(f"rollout-journal: {exc}", file=sys.stderr)
-        return EXIT_FENCED if writer_fenced(exc) else 2
-    except KeyboardInterrupt:
-        return 130
     except BrokenPipeError:  # `rollout-journal show ... | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+        return EXIT_OK
+    except (RolloutJournalError, OSError) as exc:
+        print(f"rollout-journal: {one_line(exc)}", file=sys.stderr)
+        return exit_code_for(exc)
+    except KeyboardInterrupt:
+        print("rollout-journal: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     raise AssertionError(f"unhandled command {args.command}")
 
 

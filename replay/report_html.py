@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from html import escape
 from pathlib import Path
 
-from journal.errors import RolloutJournalError
+from journal.errors import NotInJournalError
 from journal.journal import ReadReport
 
 from .audit import AuditedMutation, AuditSummary, add_public_key_argument, audit_events, public_key_verifier
@@ -29,7 +29,7 @@ from .scanning import add_journal_argument, open_for_reading
 __all__ = ["UnknownRolloutError", "render_report", "timeline_svg", "write_report"]
 
 
-class UnknownRolloutError(RolloutJournalError, LookupError):
+class UnknownRolloutError(NotInJournalError):
     """The journal holds no event of the rollout asked for."""
 
 

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from journal.errors import ConfigurationError
+from journal.errors import ConfigurationError, NotInJournalError
 from journal.events import AttemptStarted, ResourceMutation, RolloutFinished, WorkloadRegistered
 from journal.journal import JournaledEvent, ReadReport
 from participants.config import WorkloadConfig
@@ -236,9 +236,8 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 def run_command(args: argparse.Namespace) -> int:
     report, found = verify_journal(args.journal, args.resource)
     if not found:
-        print(f"rollout-journal: no mutation of resource {args.resource!r} in journal {args.journal} "
-              "(`rollout-journal audit` lists every resource)", file=sys.stderr)
-        return 2
+        raise NotInJournalError(f"no mutation of resource {args.resource!r} in journal {args.journal} "
+                                "(`rollout-journal audit` lists every resource)")
     if args.json:
         print(json.dumps(report.as_json(), indent=1))
         return 0 if report.ok else 1

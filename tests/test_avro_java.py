@@ -30,7 +30,7 @@ import schemas
 from compose.maven_jars import build_once, cache_root, ensure_maven_jars, pom_property, require_tool
 from journal import (
     AttemptFenced, AttemptStarted, ChainHead, Codec, FileBackend, HeadSigner, Journal, Message, RecordLocation,
-    ResourceMutation, RolloutFinished, SnapshotDraft, WorkloadRegistered,
+    ResourceMutation, RolloutFailed, RolloutFinished, SnapshotDraft, WorkloadRegistered,
 )
 from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings
@@ -42,7 +42,7 @@ POM = JAVA_DIR / "pom.xml"
 SOURCE = JAVA_DIR / "AvroPeer.java"
 EVERY_RECORD_TYPE = {
     "AttemptStarted", "AttemptFenced", "ModelCall", "ResourceMutation", "TurnCompleted", "RolloutFinished",
-    "RolloutAcknowledged", "Snapshot", "BlobChunk", "WorkloadRegistered", "HeadCheckpoint",
+    "RolloutAcknowledged", "Snapshot", "BlobChunk", "WorkloadRegistered", "HeadCheckpoint", "RolloutFailed",
 }
 WHERE = RecordLocation("test", 0, 0)
 
@@ -135,22 +135,24 @@ def test_java_decodes_a_record_of_every_kept_schema_version(avro_java: AvroJava,
 
 
 def write_every_record_type(journal: Journal) -> None:
-    """A rollout that crashes, resumes as attempt 2 with a chunked snapshot, finishes and is acknowledged."""
+    """A rollout whose first attempt fails on its infrastructure, resumes as attempt 2 with a
+    chunked snapshot, finishes, is acknowledged, and has its resources' chain heads signed."""
     r = "rollout-a"
     mutation = ResourceMutation(header(r, 2), "r/mail", "mailbox", "send", '{"to":"a"}', "r:1:0",
                                 4, 5, '{"ok":true}', "d" * 64, "c" * 64)
     first = AttemptStarted(header(r, 0), 0, "topo", "new rollout", [Message("system", "be brief")])
     journal.append_sync([first, model_call(r, 1), mutation, turn_done(r, 3)],
                         SnapshotDraft(header(r, 3), "running", 3, b"small state"))
-    journal.append_sync([started(r, 4, attempt=2, epoch=2),
-                         AttemptFenced(header(r, 5, attempt=2, epoch=2), 1, 1, "resumed after a crash")])
+    journal.append_sync([RolloutFailed(header(r, 4, turn=1), "SandboxCrashedError", "sandbox exited with -9")])
+    journal.append_sync([started(r, 5, attempt=2, epoch=2),
+                         AttemptFenced(header(r, 6, attempt=2, epoch=2), 1, 1, "resumed after a failure")])
     big_state = bytes(range(256)) * 40  # over the inline limit below: BlobChunk records
-    journal.append_sync([model_call(r, 6, turn=2, epoch=2), turn_done(r, 7, turn=2, epoch=2, attempt=2)],
-                        SnapshotDraft(header(r, 7, turn=2, attempt=2, epoch=2), "running", 7, big_state))
-    journal.append_sync([RolloutFinished(header(r, 8, turn=2, attempt=2, epoch=2), 0.75, 2, '{"reward":0.75}')])
-    journal.acknowledge(header(r, 9, turn=2, attempt=2, epoch=2), "trainer-0").result()
+    journal.append_sync([model_call(r, 7, turn=2, epoch=2), turn_done(r, 8, turn=2, epoch=2, attempt=2)],
+                        SnapshotDraft(header(r, 8, turn=2, attempt=2, epoch=2), "running", 8, big_state))
+    journal.append_sync([RolloutFinished(header(r, 9, turn=2, attempt=2, epoch=2), 0.75, 2, '{"reward":0.75}')])
+    journal.acknowledge(header(r, 10, turn=2, attempt=2, epoch=2), "trainer-0").result()
     signer = HeadSigner.generate()
-    journal.append_sync([signer.checkpoint(header(r, 10, turn=2, attempt=2, epoch=2), 0,
+    journal.append_sync([signer.checkpoint(header(r, 11, turn=2, attempt=2, epoch=2), 0,
                                            [ChainHead("r/mail", 5, "c" * 64), ChainHead("r/crm", 0, "e" * 64)])])
     journal.register_workload(WorkloadRegistered("wl", '{"groups": 1}', [r], "topo", 7, "worker-0")).result()
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from pathlib import Path
 
+from journal.events import ResourceMutation
 from journal.open import open_journal
 from participants.config import WorkloadConfig
 from participants.resource_server import HttpStateExporter, ResourceServer
@@ -144,3 +146,141 @@ def test_a_finished_sibling_waiting_for_its_acknowledgement_does_not_deadlock_pr
     asyncio.run(scenario())
     again = run_workload(config, resume=True)  # a resume after the trainer took everything
     assert all(row.acknowledged and row.turns_run_here == 0 for row in again.rollouts.values())
+
+
+class Rendezvous:
+    """Each export waits until every rollout's export has begun, then exports over HTTP: only
+    exports that run at once get through (the wait is bounded so a regression fails, not hangs)."""
+
+    def __init__(self, inner: HttpStateExporter, parties: int) -> None:
+        self.inner = inner
+        self.barrier = threading.Barrier(parties, timeout=30)
+
+    def export(self, resource):
+        self.barrier.wait()
+        return self.inner.export(resource)
+
+
+def test_the_exports_of_every_parked_rollout_run_at_once(tmp_path: Path) -> None:
+    config = coordinated(tmp_path)
+    specs = workload_specs(config)
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner, server = runner_with_server(config, journal)
+            runner.checkpointer.exporter = Rendezvous(HttpStateExporter(server.url), parties=len(specs))
+            with server:
+                run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 2 for s in specs}))
+                await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
+                report = await runner.checkpointer.checkpoint(runner.live.values())
+                await run
+        assert set(report.included) == {s.rollout_id for s in specs} and not report.skipped
+
+    asyncio.run(scenario())
+
+
+def test_a_server_that_keeps_failing_holds_the_pause_for_one_prepare_timeout_not_one_per_rollout(
+        tmp_path: Path) -> None:
+    # Five tries with backoff take about 0.6 s per export; the whole export phase gets 0.2 s.
+    config = coordinated(tmp_path, prepare_timeout_s=0.2)
+    specs = workload_specs(config)
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner, server = runner_with_server(config, journal)
+            with server:
+                run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 2 for s in specs}))
+                await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
+                server.fail_next(10_000, status=500)
+                report = await runner.checkpointer.checkpoint(runner.live.values())
+                await run
+        assert set(report.skipped) == {s.rollout_id for s in specs} and not report.included
+        assert all(why == "exports not done within 0.2s" for why in report.skipped.values()), report.skipped
+
+    asyncio.run(scenario())
+
+
+def test_an_error_page_served_with_http_200_is_never_snapshotted(tmp_path: Path) -> None:
+    config = coordinated(tmp_path)
+    reference = reference_outcomes(config)
+    specs = workload_specs(config)
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner, server = runner_with_server(config, journal)
+            with server:
+                run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 3 for s in specs}))
+                await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 4)
+                server.fail_next(1, status=200, body=b"<html><body>502 Bad Gateway</body></html>")
+                report = await runner.checkpointer.checkpoint(runner.live.values())
+                await run
+        (skipped, why), = report.skipped.items()
+        assert "<html>" in why and "export" in why
+        assert set(report.included) == {s.rollout_id for s in specs} - {skipped}
+
+    asyncio.run(scenario())
+    resumed = run_workload(config, resume=True)  # a crash after that checkpoint
+    assert not resumed.set_aside
+    assert_identical(resumed, reference)
+
+
+async def _checkpoint_then_stop(config: WorkloadConfig, journal, turns: int) -> Runner:
+    """Run to ``turns`` committed turns per rollout with a good coordinated checkpoint on the way."""
+    specs = workload_specs(config)
+    runner, server = runner_with_server(config, journal)
+    with server:
+        run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: turns for s in specs}))
+        await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 3)
+        report = await runner.checkpointer.checkpoint(runner.live.values())
+        assert not report.skipped
+        await run
+    return runner
+
+
+def _snapshot_with_unusable_exports(runner: Runner, journal, rollout_id: str) -> None:
+    """What an older version wrote when the server answered an error page with HTTP 200."""
+    live = runner.live[rollout_id]
+    exports = {rid: b"<html>503 Service Unavailable</html>" for rid, r in live.env.resources.items()
+               if r.supports_export}
+    journal.append([], runner.agent.snapshot_draft(live, exports)).result()
+
+
+def test_a_snapshot_that_does_not_import_falls_back_to_the_previous_one(tmp_path: Path) -> None:
+    config = coordinated(tmp_path)
+    reference = reference_outcomes(config)
+    victim = workload_specs(config)[1].rollout_id
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner = await _checkpoint_then_stop(config, journal, turns=3)
+            _snapshot_with_unusable_exports(runner, journal, victim)
+
+    asyncio.run(scenario())
+    resumed = run_workload(config, resume=True)
+
+    assert not resumed.set_aside
+    assert resumed.rollouts[victim].turns_committed_before == 3  # a longer replay, nothing redone
+    assert any(victim in note and "does not restore its resources" in note for note in resumed.read_errors)
+    assert_identical(resumed, reference)
+
+
+def test_when_no_snapshot_and_no_replay_restores_a_rollout_it_alone_is_set_aside(tmp_path: Path) -> None:
+    config = coordinated(tmp_path)
+    reference = reference_outcomes(config)
+    victim = workload_specs(config)[1].rollout_id
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner = await _checkpoint_then_stop(config, journal, turns=3)
+            _snapshot_with_unusable_exports(runner, journal, victim)
+            state = runner.live[victim].state  # a journaled mutation that no replay reproduces
+            resource_id, resource = next(iter(runner.live[victim].env.resources.items()))
+            journal.append([ResourceMutation(state.header("vandal"), resource_id, resource.kind, "set",
+                                             '{"name":"a","value":1}', f"{victim}/forged", resource.revision,
+                                             resource.revision + 1, "{}", "0" * 64, "0" * 64)]).result()
+
+    asyncio.run(scenario())
+    resumed = run_workload(config, resume=True)
+
+    assert set(resumed.set_aside) == {victim}
+    assert_identical(resumed, {rid: o for rid, o in reference.items() if rid != victim})

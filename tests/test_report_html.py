@@ -11,6 +11,7 @@ import pytest
 
 from journal.anchoring import HeadSigner
 from participants.runner import workload_specs
+from replay.cli import EXIT_INPUT
 from replay.cli import main as cli_main
 from tests.headless_chromium import HeadlessChromium
 from tests.test_audit import crashed_and_resumed
@@ -81,9 +82,9 @@ def test_a_restarted_sandbox_rollout_shows_the_turns_thrown_away(run, tmp_path: 
         browser.screenshot(tmp_path / "sandbox.png")
 
 
-def test_an_unknown_rollout_is_one_line_and_exit_2(run, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_an_unknown_rollout_is_one_line_and_an_input_exit_code(run, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     location, _, _ = run
-    assert cli_main(["replay", "report", "nobody", "--journal", location, "--html", str(tmp_path / "x.html")]) == 2
+    assert cli_main(["replay", "report", "nobody", "--journal", location, "--html", str(tmp_path / "x.html")]) == EXIT_INPUT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "'nobody'" in err
     assert not (tmp_path / "x.html").exists()

@@ -15,7 +15,7 @@ from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
     AttemptFenced, AttemptStarted, BlobChunk, BlobRef, ChainHead, EventChunk, Header, HeadCheckpoint, Message,
-    ModelCall, Record, ResourceMutation, RolloutAcknowledged, RolloutFinished, Snapshot, TurnCompleted,
+    ModelCall, Record, ResourceMutation, RolloutAcknowledged, RolloutFailed, RolloutFinished, Snapshot, TurnCompleted,
     WorkloadRegistered,
 )
 from schemas.legacy import FINGERPRINTS_0_1_0, fingerprint_by_the_0_1_0_rule
@@ -33,6 +33,7 @@ SAMPLES = {
                                          4, 5, '{"ok":true}', "d" * 64, "c" * 64),
     "TurnCompleted": turn_done("r", 4),
     "RolloutFinished": RolloutFinished(header("r", 5), 0.75, 5, '{"reward":0.75}'),
+    "RolloutFailed": RolloutFailed(header("r", 5), "SandboxCrashedError", "sandbox r/python exited with code -9"),
     "RolloutAcknowledged": RolloutAcknowledged(header("r", 6), "trainer-0"),
     "Snapshot": Snapshot(header("r", 7), "running", 6, 0, 123, b"state", "e" * 64, BlobRef("f" * 64, 10, 1)),
     "BlobChunk": BlobChunk("f" * 64, 0, 1, b"0123456789"),
@@ -102,6 +103,7 @@ STANDARD_FINGERPRINTS = {
     ("WorkloadRegistered", 1): "7149c706c2430d14",
     ("HeadCheckpoint", 1): "0d25b1abca126d5f",
     ("EventChunk", 1): "20e3593bcea8e933",
+    ("RolloutFailed", 1): "5f3310f64cd3a4c3",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
 

@@ -14,6 +14,7 @@ __all__ = [
     "Observation",
     "StepMutations",
     "UnknownEnvironmentError",
+    "environment_class",
     "make_environment",
 ]
 
@@ -28,12 +29,16 @@ class UnknownEnvironmentError(RolloutJournalError, LookupError):
     """No environment is registered under the requested name."""
 
 
-def make_environment(name: str, rollout_id: str, task_seed: int) -> Environment:
-    """Build the environment registered as ``name`` for one rollout; same seed -> same task."""
+def environment_class(name: str) -> type[Environment]:
+    """The environment registered as ``name``; ``UnknownEnvironmentError`` names the known ones."""
     try:
-        cls = ENVIRONMENTS[name]
+        return ENVIRONMENTS[name]
     except KeyError:
         raise UnknownEnvironmentError(
             f"no environment named {name!r}; known environments: {', '.join(sorted(ENVIRONMENTS))}"
         ) from None
-    return cls(rollout_id, task_seed)
+
+
+def make_environment(name: str, rollout_id: str, task_seed: int) -> Environment:
+    """Build the environment registered as ``name`` for one rollout; same seed -> same task."""
+    return environment_class(name)(rollout_id, task_seed)
