@@ -11,7 +11,6 @@ are offered again from the journal, never recomputed.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -31,19 +30,10 @@ from .generation import GenerationBackend
 from .model import ModelParticipant
 from .resources import Recovery, ResourceError
 from .rollout_state import RolloutSpec, RolloutState, StateFoldError, restore_state
+from .specs import fork_specs, workload_specs
 from .tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
-
-
-def workload_specs(config: WorkloadConfig) -> list[RolloutSpec]:
-    specs = []
-    for g in range(config.groups):
-        environment = config.environments[g % len(config.environments)]
-        task_seed = int.from_bytes(hashlib.sha256(f"{config.seed}/task/{g}".encode()).digest()[:4], "little")
-        for s in range(config.siblings):
-            specs.append(RolloutSpec(f"{config.name}-g{g}-s{s}", f"{config.name}-g{g}", s, task_seed, environment))
-    return specs
 
 
 @dataclass
@@ -114,11 +104,13 @@ class Runner:
         started = time.perf_counter()
         histories: dict[str, RolloutHistory] = {}
         registration: WorkloadRegistered | None = None
+        workloads: dict[str, WorkloadRegistered] = {}
         specs = workload_specs(self.config)
         if self.journal is not None:
             plan = load_rollouts(self.journal)
             histories = plan.rollouts
-            registration = plan.workloads.get(self.config.name)
+            workloads = plan.workloads
+            registration = workloads.get(self.config.name)
             report.restore_seconds, report.events_replayed = plan.seconds, plan.events_replayed
             report.read_errors = [str(e) for e in plan.report.errors]
             if not resume and (registration is not None or {s.rollout_id for s in specs} & histories.keys()):
@@ -127,6 +119,9 @@ class Runner:
                     "use `rollout-journal resume` to continue it, or point --journal at a fresh location"
                 )
         registered = set(registration.rollout_ids) if registration is not None else set()
+        own_ids = {s.rollout_id for s in specs}
+        if resume:  # forks of this workload's rollouts continue too (see participants.specs)
+            specs += [f for f in fork_specs(specs, workloads) if f.rollout_id in histories]
         first_commits = []
         for spec in specs:
             history = histories.get(spec.rollout_id)
@@ -149,8 +144,8 @@ class Runner:
             if commit is not None:
                 first_commits.append(commit)
         await asyncio.gather(*first_commits)
-        if self.journal is not None and self.config.journaling and registered != {s.rollout_id for s in specs}:
-            await self._register_workload(specs)  # after the first commits: a registered rollout has a snapshot
+        if self.journal is not None and self.config.journaling and registered != own_ids:
+            await self._register_workload([s for s in specs if s.rollout_id in own_ids])  # after the first commits: a registered rollout has a snapshot
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def drive(live: LiveRollout) -> None:
@@ -238,7 +233,8 @@ class Runner:
             except BaseException:
                 env.close()
                 raise
-            reason = f"resume after crash at turn {committed}"
+            reason = (f"continue fork of {spec.forked_from} from turn {committed}"
+                      if spec.forked_from and state.attempt == 1 else f"resume after crash at turn {committed}")
         live = LiveRollout(spec, state, env)
         events = self.agent.start_attempt(live, resumed_from_turn=0 if restart else committed, reason=reason)
         return live, RolloutReport(spec.rollout_id, committed, 0, 0, restart, False), self.agent.commit(events)
