@@ -11,6 +11,8 @@ from collections.abc import Iterable
 
 from journal.errors import RolloutJournalError
 
+from .terminal import EXIT_ERROR, BarProgress, emit
+
 DESCRIPTION = """\
 Turn-level crash recovery for multi-turn agentic RL rollouts.
 
@@ -21,8 +23,8 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal demo                 crash a workload with SIGKILL, resume it, compare
   rollout-journal run examples/demo.yaml
   rollout-journal resume examples/demo.yaml
-  rollout-journal list runs/journal    the rollouts a journal holds
-  rollout-journal show runs/journal demo-g0-s0
+  rollout-journal replay list --journal runs/journal          the rollouts a journal holds
+  rollout-journal replay show demo-g0-s0 --journal runs/journal   one rollout turn by turn
   rollout-journal kafka up             a local Kafka broker from Maven jars (no Docker)
 """
 
@@ -58,12 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--kill-after", type=int, help="kill after this many committed turns instead of a random point")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    listing = sub.add_parser("list", help="the rollouts a journal holds (reads only)")
-    listing.add_argument("journal", help="a journal directory or kafka://host:port/namespace")
-    show = sub.add_parser("show", help="one rollout turn by turn: conversation, model calls, mutations (reads only)")
-    show.add_argument("journal", help="a journal directory or kafka://host:port/namespace")
-    show.add_argument("rollout", help="rollout id (see `list`)")
-    show.add_argument("--tokens", action="store_true", help="also print output token ids and logprobs")
+    add_replay_commands(sub)
 
     from compose.cli import register_kafka_commands
     register_kafka_commands(sub)
@@ -125,39 +122,65 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if report.identical_to_uninterrupted and report.as_json()["turns_thrown_away"] == 0 else 1
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    from journal.journal import ReadReport
-    from journal.open import open_journal
-    from participants.tokenizer import default_tokenizer
+# -- replay commands: each parses its arguments, calls one library function, prints ---------------
 
-    from .inspect import list_rollouts, show_rollout
+def _journal_arguments(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    p.add_argument("--journal", metavar="PATH_OR_URL", help="a file journal directory or kafka://host:port/namespace")
+    if positional:  # `list JOURNAL` / `show JOURNAL ROLLOUT`, as before --journal existed
+        p.add_argument("journal_path", nargs="?", metavar="JOURNAL", help="the journal, as --journal")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    with open_journal(args.journal, writer="inspect", read_only=True) as journal:
-        if args.command == "list":
-            listing = list_rollouts(journal)
-            print(f"{'rollout':<24} {'group':<18} {'attempts':>8} {'turns':>6} {'calls':>6} {'mutations':>9}  status")
-            for row in listing.rollouts.values():
-                status = ("acknowledged" if row.acknowledged else "finished") if row.finished else "running"
-                if row.rollout_id in listing.damaged:
-                    status = "damaged"
-                reward = f" reward {row.reward:.3f}" if row.reward is not None else ""
-                print(f"{row.rollout_id:<24} {row.group_id:<18} {row.attempt:>8} {row.next_turn:>6} "
-                      f"{row.model_calls:>6} {row.mutation_count:>9}  {status}{reward}")
-            for rollout_id, why in listing.damaged.items():
-                print(f"note: rollout {rollout_id} is damaged: {why}", file=sys.stderr)
-            problems = listing.report
-        else:
-            problems = ReadReport()
-            try:
-                for line in show_rollout(journal, args.rollout, default_tokenizer(), token_ids=args.tokens,
-                                         report=problems):
-                    print(line)
-            except KeyError as exc:
-                print(f"rollout-journal: {exc.args[0]}", file=sys.stderr)
-                return 2
-    for problem in [*problems.errors, *problems.fenced]:
-        print(f"note: {problem}", file=sys.stderr)
-    return 0
+
+def _source(args: argparse.Namespace):
+    from .source import open_replay
+
+    location = args.journal or getattr(args, "journal_path", None)
+    if not location:
+        raise RolloutJournalError("name the journal: --journal PATH_OR_URL (a directory or kafka://host:port/ns)")
+    return open_replay(location)
+
+
+def add_replay_commands(sub: argparse._SubParsersAction) -> None:
+    """``list``, ``show``, and ``replay list|show``."""
+    replay = sub.add_parser("replay", help="look at a journal: list, show (reads only)").add_subparsers(
+        dest="replay_command", required=True, metavar="COMMAND")
+    for group in (sub, replay):
+        p = group.add_parser("list", help="every rollout: group, status, attempts, turns, reward, policy versions")
+        _journal_arguments(p, positional=True)
+        p.add_argument("--status", action="append", choices=["running", "finished", "acknowledged", "damaged"],
+                       help="only rollouts in this status (repeat for several)")
+        p.add_argument("--group", help="only this prompt group")
+        p.add_argument("--min-attempts", type=int, default=0, metavar="N", help="only rollouts with N attempts or more")
+        p.add_argument("--crashed", action="store_true",
+                       help="only rollouts a crash hit (an attempt superseded, or the last one unfinished)")
+        p.set_defaults(run=_list)
+        p = group.add_parser("show", help="one rollout turn by turn: attempts, crash points, calls, mutations")
+        _journal_arguments(p, positional=True)
+        p.add_argument("rollout", help="rollout id (see `list`)")
+        p.add_argument("--turn", type=int, metavar="K", help="only turn K (every attempt's version), with token detail")
+        p.add_argument("--tokens", action="store_true", help="token ids, logprobs and who made each token, every call")
+        p.add_argument("--tokenizer", action="append", metavar="PATH",
+                       help="tokenizer.json of a policy the built-in tokenizer did not write (checked if it can be)")
+        p.add_argument("--no-decode", action="store_true", help="token ids only, no text")
+        p.set_defaults(run=_show)
+
+
+def _list(args: argparse.Namespace) -> int:
+    from .listing import RolloutFilter, list_rollouts
+
+    where = RolloutFilter(frozenset(args.status or ()), args.group, args.min_attempts, args.crashed)
+    with _source(args) as source:
+        return emit(list_rollouts(source, where, BarProgress("list")), as_json=args.json)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .timeline import build_timeline
+    from .tokenizers import TokenizerCatalog
+
+    catalog = None if args.no_decode else TokenizerCatalog(args.tokenizer)
+    with _source(args) as source:
+        timeline = build_timeline(source, args.rollout, catalog=catalog, turn=args.turn, progress=BarProgress("show"))
+    return emit(timeline, as_json=args.json, lines=timeline.text(tokens=args.tokens))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,14 +192,14 @@ def main(argv: list[str] | None = None) -> int:
             return _workload(args, resume=args.command == "resume")
         if args.command == "demo":
             return _demo(args)
-        if args.command in ("list", "show"):
-            return _inspect(args)
+        if hasattr(args, "run"):
+            return args.run(args)
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)
     except RolloutJournalError as exc:
         print(f"rollout-journal: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `rollout-journal show ... | head`: the reader left, nothing is wrong
