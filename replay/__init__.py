@@ -2,7 +2,8 @@
 
 Public API (import from here, not from the modules)::
 
-    from replay import open_replay, list_rollouts, build_timeline, TokenizerCatalog
+    from replay import open_replay, list_rollouts, build_timeline, resource_state
+    from replay import export_journal, export_training, fork_rollout, TokenizerCatalog
 
 Every command opens its journal with :func:`open_replay` (a file journal directory
 or ``kafka://host:port/namespace``, read-only), streams it with a
@@ -35,6 +36,13 @@ _EXPORTS = {
     "CallView": ".timeline", "MutationView": ".timeline",
     "TokenSegment": ".lineage", "TokenLineage": ".lineage",
     "TokenizerCatalog": ".tokenizers", "TokenizerIdentity": ".tokenizers",
+    # replay state
+    "resource_state": ".resource_state", "ResourceAtRevision": ".resource_state",
+    # export, export-training, fork
+    "export_journal": ".export", "ExportReport": ".export",
+    "export_training": ".training", "training_records": ".training", "TrainingRecord": ".training",
+    "TrainingExport": ".training",
+    "fork_rollout": ".fork", "ForkResult": ".fork",
 }
 
 
@@ -49,4 +57,4 @@ def __dir__() -> list[str]:
     return sorted(_EXPORTS)
 
 
-__all__ = sorted(_EXPORTS)
+__all__ = list(_EXPORTS)  # noqa: PLE0605 - the lazily loaded names above

@@ -11,7 +11,7 @@ from collections.abc import Iterable
 
 from journal.errors import RolloutJournalError
 
-from .terminal import EXIT_ERROR, BarProgress, emit
+from .terminal import EXIT_ERROR, EXIT_UNVERIFIED, BarProgress, emit
 
 DESCRIPTION = """\
 Turn-level crash recovery for multi-turn agentic RL rollouts.
@@ -25,6 +25,10 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal resume examples/demo.yaml
   rollout-journal replay list --journal runs/journal          the rollouts a journal holds
   rollout-journal replay show demo-g0-s0 --journal runs/journal   one rollout turn by turn
+  rollout-journal replay state demo-g0-s0/mail --revision 2 --journal runs/journal
+  rollout-journal export --journal kafka://host:9092/ns --out runs/copy
+  rollout-journal export-training --journal runs/journal --out rollouts.pt
+  rollout-journal fork demo-g0-s0 --at-turn 2 --journal runs/journal
   rollout-journal kafka up             a local Kafka broker from Maven jars (no Docker)
 """
 
@@ -141,8 +145,8 @@ def _source(args: argparse.Namespace):
 
 
 def add_replay_commands(sub: argparse._SubParsersAction) -> None:
-    """``list``, ``show``, and ``replay list|show``."""
-    replay = sub.add_parser("replay", help="look at a journal: list, show (reads only)").add_subparsers(
+    """``list``, ``show``, ``export``, ``export-training``, ``fork``, and ``replay list|show|state``."""
+    replay = sub.add_parser("replay", help="look at a journal: list, show, state (reads only)").add_subparsers(
         dest="replay_command", required=True, metavar="COMMAND")
     for group in (sub, replay):
         p = group.add_parser("list", help="every rollout: group, status, attempts, turns, reward, policy versions")
@@ -163,6 +167,28 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
                        help="tokenizer.json of a policy the built-in tokenizer did not write (checked if it can be)")
         p.add_argument("--no-decode", action="store_true", help="token ids only, no text")
         p.set_defaults(run=_show)
+    p = replay.add_parser("state", help="a resource's state at a revision, rebuilt from the journal")
+    _journal_arguments(p)
+    p.add_argument("resource", help="resource id: <rollout>/<name>, e.g. demo-g0-s0/mail (see `show`)")
+    p.add_argument("--revision", type=int, required=True, metavar="R")
+    p.add_argument("--life", type=int, metavar="N", help="which life of a restart-only resource (default: the last)")
+    p.set_defaults(run=_state)
+    p = sub.add_parser("export", help="copy a journal (a Kafka namespace) into a file journal, verified")
+    _journal_arguments(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="a new directory for the file journal")
+    p.set_defaults(run=_export)
+    p = sub.add_parser("export-training", help="torch tensors for a trainer: tokens, logprobs, loss mask, reward")
+    _journal_arguments(p)
+    p.add_argument("--out", required=True, metavar="FILE", help="where to torch.save them")
+    p.add_argument("--unfinished", action="store_true", help="also rollouts that have not finished (reward NaN)")
+    p.set_defaults(run=_export_training)
+    p = sub.add_parser("fork", help="a new lineage of a rollout from the state after turn K; `resume` continues it")
+    _journal_arguments(p)
+    p.add_argument("rollout", help="rollout id to fork")
+    p.add_argument("--at-turn", type=int, required=True, metavar="K", help="the fork keeps turns 0..K, runs K+1 on")
+    p.add_argument("--seed", type=int, help="sample with this seed (default: the origin's turn seeds)")
+    p.add_argument("--journal-out", metavar="PATH_OR_URL", help="write the fork there (default: --journal)")
+    p.set_defaults(run=_fork)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -181,6 +207,43 @@ def _show(args: argparse.Namespace) -> int:
     with _source(args) as source:
         timeline = build_timeline(source, args.rollout, catalog=catalog, turn=args.turn, progress=BarProgress("show"))
     return emit(timeline, as_json=args.json, lines=timeline.text(tokens=args.tokens))
+
+
+def _state(args: argparse.Namespace) -> int:
+    from .resource_state import resource_state
+
+    with _source(args) as source:
+        found = resource_state(source, args.resource, args.revision, life=args.life, progress=BarProgress("state"))
+    return emit(found, as_json=args.json)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .export import export_journal
+
+    with _source(args) as source:
+        report = export_journal(source, args.out, progress=BarProgress("export"))
+    code = emit(report, as_json=args.json)
+    if not report.verified:
+        print(f"rollout-journal: the copy at {args.out} does not match the source (see the counts and checksums above)",
+              file=sys.stderr)
+        return EXIT_UNVERIFIED
+    return code
+
+
+def _export_training(args: argparse.Namespace) -> int:
+    from .training import export_training
+
+    with _source(args) as source:
+        return emit(export_training(source, args.out, unfinished=args.unfinished,
+                                    progress=BarProgress("export-training")), as_json=args.json)
+
+
+def _fork(args: argparse.Namespace) -> int:
+    from .fork import fork_rollout
+
+    with _source(args) as source:
+        return emit(fork_rollout(source, args.rollout, args.at_turn, seed=args.seed, journal_out=args.journal_out,
+                                 progress=BarProgress("fork")), as_json=args.json)
 
 
 def main(argv: list[str] | None = None) -> int:

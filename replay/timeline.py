@@ -23,11 +23,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from journal.errors import CorruptRecordError
 from journal.events import (
-    AttemptFenced, AttemptStarted, Message, ModelCall, ResourceMutation, RolloutAcknowledged, RolloutFinished,
+    AttemptFenced,
+    AttemptStarted,
+    Message,
+    ModelCall,
+    ResourceMutation,
+    RolloutAcknowledged,
+    RolloutFinished,
     TurnCompleted,
 )
-from journal.errors import CorruptRecordError
 from journal.journal import JournaledEvent, ReadReport
 from participants.rollout_state import RolloutState, StateFoldError
 

@@ -65,7 +65,9 @@ class TokenizerCatalog:
     def _identify(self, policy_version: str) -> TokenizerIdentity:
         tiny = _TINY_TORCH.match(policy_version)
         if tiny is not None:
-            from participants.torch_policy import TinyTorchPolicy  # torch: only when a call needs decoding
+            from participants.torch_policy import (
+                TinyTorchPolicy,  # torch: only when a call needs decoding
+            )
 
             seed = int(tiny.group("seed"))
             for source, tokenizer in self._candidates:

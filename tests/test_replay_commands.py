@@ -12,21 +12,29 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
+import yaml
 
 from journal.events import AttemptStarted, ModelCall, TurnCompleted
 from journal.open import open_journal
+from journal.restore import load_rollouts
 from participants.config import WorkloadConfig
+from participants.rollout_state import restore_state
 from participants.runner import Runner, RunReport, workload_specs
 from participants.tokenizer import ChatTokenizer
 from participants.torch_policy import TinyTorchPolicy
 from participants.workload import build_backend, open_workload_journal, run_workload
 from replay.cli import main as cli
+from replay.errors import ForkError, NoSuchRevisionError, NoSuchTurnError
+from replay.fork import fork_rollout
+from replay.resource_state import resource_state
 from replay.source import open_replay
 from tests.recovery_support import run_child_and_kill
 
@@ -237,10 +245,213 @@ def test_show_names_an_unknown_rollout_or_turn_in_one_line(crashed: CrashedRun, 
     assert code == 2 and "never committed turn 7" in err
 
 
+# -- state ---------------------------------------------------------------------------------------
+
+def test_state_at_every_revision_equals_what_the_live_resource_had(crashed: CrashedRun) -> None:
+    assert crashed.states, "the run mutated nothing"
+    kinds = set()
+    with open_replay(crashed.location) as source:
+        for (resource_id, life, revision), live in sorted(crashed.states.items()):
+            found = resource_state(source, resource_id, revision, life=life)
+            assert found.state == live, f"{resource_id} life {life} revision {revision}"
+            kinds.add(found.recovery)
+        for resource_id, initial in crashed.initial.items():
+            assert resource_state(source, resource_id, 0, life=0).state == initial
+    assert kinds == {"event_sourced", "exportable", "restart_only"}
+
+
+def test_state_of_an_exportable_resource_starts_from_its_nearest_export(crashed: CrashedRun, capsys) -> None:
+    resource_id = f"{crashed.ids['g1-s0']}/counters"
+    latest = max(r for (rid, _, r) in crashed.states if rid == resource_id)
+    code, doc, _ = run_cli(capsys, "replay", "state", resource_id, "--revision", str(latest),
+                           "--journal", crashed.location, "--json")
+    assert code == 0 and doc["state"] == crashed.states[(resource_id, 0, latest)]
+    assert doc["base"].startswith("its export at revision")
+    assert doc["mutation"]["revision"] == latest
+
+
+def test_state_names_an_unknown_resource_or_revision(crashed: CrashedRun, capsys) -> None:
+    rid = crashed.ids["g0-s0"]
+    code, _, err = run_cli(capsys, "replay", "state", f"{rid}/printer", "--revision", "1", "--journal", crashed.location)
+    assert code == 2 and f"{rid}/printer" in err and f"{rid}/mail" in err
+    with open_replay(crashed.location) as source, pytest.raises(NoSuchRevisionError, match="revisions 0.."):
+        resource_state(source, f"{rid}/calendar", 99)
+
+
+# -- export-training -----------------------------------------------------------------------------
+
+def test_export_training_tensors_equal_the_journaled_model_calls(crashed: CrashedRun, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "rollouts.pt"
+    code, doc, _ = run_cli(capsys, "export-training", "--journal", crashed.location, "--out", str(out), "--json")
+    assert code == 0 and doc["rollouts"] == 6
+    saved = torch.load(out, weights_only=True)
+    assert saved["format"] == "rollout-journal/training/1"
+    records = {r["rollout_id"]: r for r in saved["rollouts"]}
+    with open_journal(crashed.location, read_only=True) as journal:
+        plan = load_rollouts(journal)
+        for rid in crashed.ids.values():
+            record = records[rid]
+            state = restore_state(plan.rollouts[rid])
+            assert record["input_ids"].tolist() == state.head_tokens.tolist()
+            assert record["reward"] == crashed.resumed.outcomes()[rid]["reward"]
+            events = [i.event for i in journal.read_rollout(rid)]
+            turn_attempt = {e.header.turn: e.header.attempt for e in events if isinstance(e, TurnCompleted)}
+            calls = {e.call_id: e for e in events if isinstance(e, ModelCall)}
+            lineage = [calls[c] for c in record["segment_call_id"]]
+            sampled = 0
+            for (start, end), generated, call, attempt in zip(record["segment_bounds"].tolist(),
+                                                              record["segment_generated"].tolist(), lineage,
+                                                              record["segment_attempt"].tolist()):
+                piece = record["input_ids"][start:end].tolist()
+                if generated:
+                    assert piece == call.output_ids.tolist()
+                    assert record["logprobs"][start:end].tolist() == call.logprobs.tolist()
+                    assert record["loss_mask"][start:end].all()
+                    sampled += end - start
+                else:
+                    assert piece == call.prompt_delta.tolist()
+                    assert not record["loss_mask"][start:end].any()
+                    assert not record["logprobs"][start:end].any()
+                assert attempt == call.header.attempt == turn_attempt[call.header.turn]
+            assert int(record["loss_mask"].sum()) == sampled
+            assert record["segment_policy_version"] == [c.policy_version for c in lineage]
+    assert set(records[crashed.ids["g0-s1"]]["token_attempt"].tolist()) == {1, 2}  # resumed: both sampled
+    assert set(records[crashed.ids["g2-s0"]]["token_attempt"].tolist()) == {2}  # restarted: attempt 1's are gone
+
+
+# -- export --------------------------------------------------------------------------------------
+
+def test_export_copies_every_record_byte_for_byte_and_verifies(crashed: CrashedRun, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "copy"
+    code, doc, _ = run_cli(capsys, "export", "--journal", crashed.location, "--out", str(out), "--json")
+    assert code == 0 and doc["verified"]
+    for stream in ("events", "snapshots"):
+        check = doc[stream]
+        assert check["source_records"] == check["copy_records"] > 0
+        assert check["source_sha256"] == check["copy_sha256"]
+    with open_journal(crashed.location, read_only=True) as source, open_journal(str(out), read_only=True) as copy:
+        original = [(r.key, r.value) for p in range(source.backend.partitions) for r in source.backend.read_events(p)]
+        assert [(r.key, r.value) for r in copy.backend.read_events(0)] == original
+        # the snapshot stream: every key's values in their order (Kafka interleaves partitions as it reads)
+        assert by_key(copy.backend.read_snapshots()) == by_key(source.backend.read_snapshots())
+    # the copy replays as the source does
+    _, listed, _ = run_cli(capsys, "replay", "list", "--journal", str(out), "--json")
+    _, original_listing, _ = run_cli(capsys, "replay", "list", "--journal", crashed.location, "--json")
+    assert listed["rollouts"] == original_listing["rollouts"]
+    _, shown, _ = run_cli(capsys, "replay", "show", crashed.ids["g1-s1"], "--journal", str(out), "--json")
+    _, original_show, _ = run_cli(capsys, "replay", "show", crashed.ids["g1-s1"], "--journal", crashed.location,
+                                  "--json")
+    assert _without_locations(shown["turns"]) == _without_locations(original_show["turns"])
+    assert json.loads((out / "EXPORT.json").read_text())["verified"] is True
+    # an existing export is never overwritten
+    code, _, err = run_cli(capsys, "export", "--journal", crashed.location, "--out", str(out))
+    assert code == 2 and "not an empty directory" in err
+
+
+def by_key(records) -> dict[str, list[bytes | None]]:
+    found: dict[str, list[bytes | None]] = {}
+    for record in records:
+        found.setdefault(record.key, []).append(record.value)
+    return found
+
+
+def _without_locations(doc):
+    if isinstance(doc, dict):
+        return {k: _without_locations(v) for k, v in doc.items() if k != "location"}
+    if isinstance(doc, list):
+        return [_without_locations(v) for v in doc]
+    return doc
+
+
+# -- fork ----------------------------------------------------------------------------------------
+
+def resume_into(config: WorkloadConfig, location: str, tmp_path: Path) -> RunReport:
+    path = tmp_path / "workload.yaml"
+    path.write_text(yaml.safe_dump(config.model_copy(update={"journal": location}).model_dump()))
+    return run_workload(WorkloadConfig.load(path), resume=True)
+
+
+def fork_target(crashed: CrashedRun, request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh journal of the source's kind for the fork (the shared journal stays as the other tests expect it)."""
+    return location_for("kafka" if crashed.location.startswith("kafka://") else "file", request, tmp_path)
+
+
+def test_fork_continues_from_turn_k_and_its_lineage_names_the_fork_point(crashed: CrashedRun, tmp_path: Path,
+                                                                          request, capsys) -> None:
+    origin = crashed.ids["g0-s1"]
+    out = fork_target(crashed, request, tmp_path)
+    code, doc, _ = run_cli(capsys, "fork", origin, "--at-turn", "2", "--journal", crashed.location,
+                           "--journal-out", out, "--json")
+    assert code == 0
+    fork_id = doc["fork_id"]
+    assert fork_id == f"{origin}.fork-1" and doc["forked_from"] == f"{origin}@2" and doc["next_turn"] == 3
+
+    resumed = resume_into(crashed.config, out, tmp_path)
+    assert set(resumed.outcomes()) == {fork_id}  # the workload's own rollouts live in the source journal
+    assert resumed.rollouts[fork_id].turns_committed_before == 3 and resumed.rollouts[fork_id].turns_run_here == 2
+    # without a seed of its own the fork samples with its origin's turn seeds: it re-runs what the origin did
+    assert resumed.outcomes()[fork_id]["actions"] == crashed.resumed.outcomes()[origin]["actions"]
+    assert resumed.outcomes()[fork_id]["reward"] == crashed.resumed.outcomes()[origin]["reward"]
+
+    with open_journal(out, read_only=True) as journal:
+        events = [i.event for i in journal.read_rollout(fork_id)]
+    starts = [e for e in events if isinstance(e, AttemptStarted)]
+    assert starts[0].forked_from == f"{origin}@2" and starts[0].header.attempt == 1
+    assert "continue fork of" in starts[1].reason
+    origin_calls = journal_calls(crashed.location, origin)
+    fork_calls = [e for e in events if isinstance(e, ModelCall)]
+    assert fork_calls[:3] == [_with_header(c, f) for c, f in zip(origin_calls[:3], fork_calls[:3])]
+    assert fork_calls[3].parent_call_id == origin_calls[2].call_id  # the lineage names the fork point
+    assert fork_calls[3].call_id.startswith(fork_id)
+
+    code, shown, _ = run_cli(capsys, "replay", "show", fork_id, "--journal", out, "--json")
+    assert code == 0 and shown["attempts"][0]["forked_from"] == f"{origin}@2" and not shown["crashes"]
+    assert [row["cells"].rstrip() for row in shown["turn_map"]["rows"]] == ["fff", "===CF"]
+
+
+def _with_header(call: ModelCall, like: ModelCall) -> ModelCall:
+    import dataclasses
+    return dataclasses.replace(call, header=like.header)
+
+
+def test_fork_with_a_seed_samples_anew(crashed: CrashedRun, tmp_path: Path, request, capsys) -> None:
+    origin = crashed.ids["g1-s0"]
+    if crashed.location.startswith("kafka://"):  # the shared namespace stays as the other tests expect it
+        journal, where = crashed.location, ["--journal-out", fork_target(crashed, request, tmp_path)]
+    else:  # into the journal it forks, here a copy of it
+        journal, where = str(tmp_path / "same"), []
+        shutil.copytree(crashed.location, journal)
+    code, doc, _ = run_cli(capsys, "fork", origin, "--at-turn", "1", "--seed", "77", "--journal", journal, *where,
+                           "--json")
+    assert code == 0
+    target = doc["journal"]
+    resumed = resume_into(crashed.config, target, tmp_path)
+    fork_id = doc["fork_id"]
+    assert resumed.rollouts[fork_id].turns_run_here == 3
+    assert all(r.reused_result or r.acknowledged for rid, r in resumed.rollouts.items() if rid != fork_id)
+    fork_seeds = [c.sampling.seed for c in journal_calls(target, fork_id)]
+    origin_seeds = [c.sampling.seed for c in journal_calls(crashed.location, origin)]
+    assert fork_seeds[:2] == origin_seeds[:2] and all(a != b for a, b in zip(fork_seeds[2:], origin_seeds[2:]))
+    code, listed, _ = run_cli(capsys, "replay", "list", "--journal", target, "--json")
+    row = {r["rollout_id"]: r for r in listed["rollouts"]}[fork_id]
+    assert row["forked_from"] == f"{origin}@1" and row["status"] == "finished" and row["crashes"] == 0
+
+
+def test_fork_refuses_what_it_cannot_rerun(crashed: CrashedRun, tmp_path: Path) -> None:
+    out = str(tmp_path / "forks")
+    with open_replay(crashed.location) as source:
+        with pytest.raises(ForkError, match="is the last"):
+            fork_rollout(source, crashed.ids["g0-s0"], 4, journal_out=out)
+        with pytest.raises(NoSuchTurnError, match="committed turns 0-4"):
+            fork_rollout(source, crashed.ids["g0-s0"], 5, journal_out=out)
+        with pytest.raises(ForkError, match="restart_only"):
+            fork_rollout(source, crashed.ids["g2-s0"], 1, journal_out=out)
+
+
 # -- a real SIGKILL ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_after_a_sigkill_and_a_resume_list_and_show_agree(backend: str, request, tmp_path: Path,
+def test_after_a_sigkill_and_a_resume_list_show_and_export_training_agree(backend: str, request, tmp_path: Path,
                                                                           capsys) -> None:
     config = workload(location_for(backend, request, tmp_path), name="kill", groups=2, environment="workplace",
                       max_turns=6, turn_delay_ms=5)
@@ -256,6 +467,9 @@ def test_after_a_sigkill_and_a_resume_list_and_show_agree(backend: str, request,
         code, shown, _ = run_cli(capsys, "replay", "show", rid, "--journal", config.journal, "--json")
         assert code == 0 and len(shown["crashes"]) == 1 and shown["finished"]
         assert shown["reward"] == resumed.outcomes()[rid]["reward"]
+    out = tmp_path / "t.pt"
+    assert cli(["export-training", "--journal", config.journal, "--out", str(out)]) == 0
+    assert {r["rollout_id"] for r in torch.load(out, weights_only=True)["rollouts"]} == set(resumed.outcomes())
 
 
 # -- the journal's own tokenizer, and unreadable records ------------------------------------------
@@ -263,8 +477,8 @@ def test_after_a_sigkill_and_a_resume_list_and_show_agree(backend: str, request,
 def one_call_journal(root: Path, policy_version: str, tokenizer: ChatTokenizer) -> None:
     """A journal whose one model call was written by ``policy_version`` with ``tokenizer``."""
     from journal.events import Header, Message, SamplingParams
-    from journal.journal import Journal
     from journal.file_backend import FileBackend
+    from journal.journal import Journal
 
     def header(seq: int) -> Header:
         return Header("r1", "g", 1, 1, 0, seq, 0, "w")
@@ -309,13 +523,14 @@ def test_show_refuses_a_policy_family_it_cannot_identify_unless_told(tmp_path: P
 def test_a_corrupt_record_is_named_in_one_closing_line_and_the_exit_code(tmp_path: Path, capsys) -> None:
     config = workload(str(tmp_path / "j"), groups=1, siblings=2, environment="workplace")
     run_workload(config, resume=False)
-    segment = sorted((tmp_path / "j" / "log").glob("*.seg"))[0]
+    segment = min((tmp_path / "j" / "log").glob("*.seg"))
     data = bytearray(segment.read_bytes())
     position = len(data) // 2
     data[position] ^= 0xFF
     segment.write_bytes(bytes(data))
     for argv in (["replay", "list", "--journal", str(tmp_path / "j")],
-                 ["replay", "show", "rp-g0-s1", "--journal", str(tmp_path / "j")]):
+                 ["replay", "show", "rp-g0-s1", "--journal", str(tmp_path / "j")],
+                 ["export-training", "--journal", str(tmp_path / "j"), "--out", str(tmp_path / "t.pt")]):
         code, _, err = run_cli(capsys, *argv)
         closing = err.strip().splitlines()[-1]
         assert code == 3, argv
