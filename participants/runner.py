@@ -121,7 +121,11 @@ class Runner:
         registered = set(registration.rollout_ids) if registration is not None else set()
         own_ids = {s.rollout_id for s in specs}
         if resume:  # forks of this workload's rollouts continue too (see participants.specs)
-            specs += [f for f in fork_specs(specs, workloads) if f.rollout_id in histories]
+            forks = [f for f in fork_specs(specs, workloads) if f.rollout_id in histories]
+            if forks and registration is None and not own_ids & histories.keys():
+                # A journal of forks only (`fork --journal-out`): the workload's own rollouts live elsewhere.
+                specs, own_ids = [], set()
+            specs += forks
         first_commits = []
         for spec in specs:
             history = histories.get(spec.rollout_id)

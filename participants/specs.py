@@ -56,6 +56,7 @@ class Fork:
     at_turn: int
     seed: int | None  # None: the origin's turn seeds
     workload: str  # the workload whose rollout the fork (perhaps of a fork) descends from
+    workload_config: str = ""  # that workload's config (JSON), so a journal holding only forks knows the task
 
     @property
     def forked_from(self) -> str:
@@ -64,7 +65,8 @@ class Fork:
 
     def registration(self, topology: str, writer: str) -> WorkloadRegistered:
         spec = {"format": FORK_FORMAT, "origin": self.origin, "at_turn": self.at_turn, "seed": self.seed,
-                "workload": self.workload}
+                "workload": self.workload,
+                "workload_config": json.loads(self.workload_config) if self.workload_config else None}
         return WorkloadRegistered(self.rollout_id, json.dumps(spec, sort_keys=True), [self.rollout_id], topology,
                                   Header.now_ms(), writer)
 
@@ -78,8 +80,10 @@ class Fork:
         if not isinstance(doc, dict) or doc.get("format") != FORK_FORMAT:
             return None
         try:
+            config = doc.get("workload_config")
             return cls(registration.name, str(doc["origin"]), int(doc["at_turn"]),
-                       None if doc.get("seed") is None else int(doc["seed"]), str(doc["workload"]))
+                       None if doc.get("seed") is None else int(doc["seed"]), str(doc["workload"]),
+                       "" if config is None else json.dumps(config, sort_keys=True))
         except (KeyError, TypeError, ValueError) as exc:
             raise UnknownRolloutSpecError(
                 f"fork registration {registration.name!r} is unreadable ({exc!r}): {registration.spec_json}") from None
@@ -132,26 +136,30 @@ def resolve_spec(rollout_id: str, workloads: Mapping[str, WorkloadRegistered]) -
         root = forks[root].origin
         if len(chain) > len(forks):
             raise UnknownRolloutSpecError(f"the fork registrations of {rollout_id!r} form a cycle")
+    config = None
     for registration in workloads.values():
         if root in registration.rollout_ids and Fork.from_registration(registration) is None:
-            config = _config_of(registration)
-            spec = next((s for s in workload_specs(config) if s.rollout_id == root), None)
-            if spec is None:
-                raise UnknownRolloutSpecError(
-                    f"workload {registration.name!r} lists rollout {root!r}, but its recorded config does not make it")
-            for fork in reversed(chain):
-                spec = as_fork(spec, fork)
-            return config, spec
+            config = _config_of(registration.name, registration.spec_json)
+    if config is None and chain and chain[-1].workload_config:  # a journal of forks (fork --journal-out)
+        config = _config_of(chain[-1].workload, chain[-1].workload_config)
+    if config is not None:
+        spec = next((s for s in workload_specs(config) if s.rollout_id == root), None)
+        if spec is None:
+            raise UnknownRolloutSpecError(
+                f"workload {config.name!r} does not make rollout {root!r} with its recorded config")
+        for fork in reversed(chain):
+            spec = as_fork(spec, fork)
+        return config, spec
     known = sorted(workloads)
     raise UnknownRolloutSpecError(
         f"no workload registration in this journal names rollout {root!r} (registrations: "
         f"{', '.join(known) or 'none'}); its task and environment are unknown")
 
 
-def _config_of(registration: WorkloadRegistered) -> WorkloadConfig:
+def _config_of(name: str, spec_json: str) -> WorkloadConfig:
     try:
-        return WorkloadConfig.model_validate_json(registration.spec_json)
+        return WorkloadConfig.model_validate_json(spec_json)
     except ValidationError as exc:
         raise UnknownRolloutSpecError(
-            f"workload {registration.name!r} was registered without a readable config (written by 0.1.0?): "
+            f"workload {name!r} was registered without a readable config (written by 0.1.0?): "
             f"{exc.errors()[0]['msg'] if exc.errors() else exc}") from None

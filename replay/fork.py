@@ -98,7 +98,7 @@ def fork_rollout(source: ReplaySource, rollout_id: str, at_turn: int, *, seed: i
     """Fork ``rollout_id`` after its turn ``at_turn`` into ``journal_out`` (default: the journal
     read). Raises :class:`NoSuchTurnError` for a turn its current lineage has not committed,
     :class:`ForkError` when there is nothing to re-run after it or its resources cannot be rebuilt."""
-    _, origin_spec = resolve_spec(rollout_id, source.registrations())
+    config, origin_spec = resolve_spec(rollout_id, source.registrations())
     report = ReadReport()
     initial, turns, topology = _lineage_through(source, rollout_id, at_turn, report, progress)
     target_location = journal_out or source.location
@@ -108,7 +108,7 @@ def fork_rollout(source: ReplaySource, rollout_id: str, at_turn: int, *, seed: i
             | set(source.registrations())
         fork_id = next_fork_id(rollout_id, taken)
         root = _root_workload(rollout_id, source)
-        fork = Fork(fork_id, rollout_id, at_turn, seed, root)
+        fork = Fork(fork_id, rollout_id, at_turn, seed, root, config.model_dump_json())
         env = make_environment(origin_spec.environment, fork_id, origin_spec.task_seed)
         try:
             if env.recovery is Recovery.RESTART_ONLY:
@@ -229,8 +229,9 @@ def _root_workload(rollout_id: str, source: ReplaySource) -> str:
 
 
 def _registrations_needed(rollout_id: str, source: ReplaySource, present: dict) -> list:
-    """Registrations the target journal lacks to know the fork's task: its workload's and its
-    origin's forks' (a fork written to another journal)."""
+    """The registrations of the forks the origin descends through (a fork of a fork), which a
+    target journal other than the source lacks. The workload's own is not copied: a journal of
+    forks only is one `resume` continues the forks of (see ``participants.runner``)."""
     needed = []
     forks = forks_in(source.registrations())
     name = rollout_id
@@ -238,7 +239,4 @@ def _registrations_needed(rollout_id: str, source: ReplaySource, present: dict) 
         if name not in present:
             needed.append(source.registrations()[name])
         name = forks[name].origin
-    root = _root_workload(rollout_id, source)
-    if root not in present:
-        needed.append(source.registrations()[root])
     return list(reversed(needed))

@@ -387,7 +387,7 @@ def test_fork_continues_from_turn_k_and_its_lineage_names_the_fork_point(crashed
     assert fork_id == f"{origin}.fork-1" and doc["forked_from"] == f"{origin}@2" and doc["next_turn"] == 3
 
     resumed = resume_into(crashed.config, out, tmp_path)
-    assert set(resumed.outcomes()) == {fork_id}  # the workload's own rollouts live in the source journal
+    assert set(resumed.rollouts) == {fork_id}  # a journal of forks: the workload's own rollouts live elsewhere
     assert resumed.rollouts[fork_id].turns_committed_before == 3 and resumed.rollouts[fork_id].turns_run_here == 2
     # without a seed of its own the fork samples with its origin's turn seeds: it re-runs what the origin did
     assert resumed.outcomes()[fork_id]["actions"] == crashed.resumed.outcomes()[origin]["actions"]
@@ -404,6 +404,11 @@ def test_fork_continues_from_turn_k_and_its_lineage_names_the_fork_point(crashed
     assert fork_calls[3].parent_call_id == origin_calls[2].call_id  # the lineage names the fork point
     assert fork_calls[3].call_id.startswith(fork_id)
 
+    with open_replay(out) as source:  # it did what the origin did, so its resources went through the same states
+        for (resource_id, _, revision), live in crashed.states.items():
+            if resource_id.startswith(origin + "/"):
+                name = resource_id.rpartition("/")[2]
+                assert resource_state(source, f"{fork_id}/{name}", revision).state == live
     code, shown, _ = run_cli(capsys, "replay", "show", fork_id, "--journal", out, "--json")
     assert code == 0 and shown["attempts"][0]["forked_from"] == f"{origin}@2" and not shown["crashes"]
     assert [row["cells"].rstrip() for row in shown["turn_map"]["rows"]] == ["fff", "===CF"]
@@ -428,7 +433,7 @@ def test_fork_with_a_seed_samples_anew(crashed: CrashedRun, tmp_path: Path, requ
     resumed = resume_into(crashed.config, target, tmp_path)
     fork_id = doc["fork_id"]
     assert resumed.rollouts[fork_id].turns_run_here == 3
-    assert all(r.reused_result or r.acknowledged for rid, r in resumed.rollouts.items() if rid != fork_id)
+    assert all(r.reused_result for rid, r in resumed.rollouts.items() if rid != fork_id)  # nothing else re-ran
     fork_seeds = [c.sampling.seed for c in journal_calls(target, fork_id)]
     origin_seeds = [c.sampling.seed for c in journal_calls(crashed.location, origin)]
     assert fork_seeds[:2] == origin_seeds[:2] and all(a != b for a, b in zip(fork_seeds[2:], origin_seeds[2:]))
