@@ -45,7 +45,7 @@ class ReplaySource:
         """Every committed, unfenced event of the journal, partition by partition.
         Records that do not decode go to ``report`` (and are stepped over)."""
         partitions = range(self.journal.backend.partitions)
-        yield from self._counted(self.journal.scan(report), partitions, progress)
+        return self._counted(self.journal.scan(report), partitions, progress)
 
     def rollout_events(self, rollout_id: str, report: ReadReport,
                        progress: Progress | None = None) -> Iterator[JournaledEvent]:
@@ -65,7 +65,7 @@ class ReplaySource:
         backend = self.journal.backend
         partitions = range(backend.partitions)
         records = (record for p in partitions for record in backend.read_events(p, 0))
-        yield from self._counted(records, partitions, progress)
+        return self._counted(records, partitions, progress)
 
     def snapshot_index(self) -> SnapshotIndex:
         """The compacted stream: newest snapshot and fence per rollout, workload registrations (read once)."""

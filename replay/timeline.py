@@ -45,9 +45,8 @@ from .tokenizers import TokenizerCatalog, TokenizerIdentity
 
 # Cells of the turn map (attempt x turn).
 COMMITTED, FINISHED, REUSED, DISCARDED, REDONE, COPIED, CRASH = "C", "F", "=", "x", "R", "f", "!"
-MAP_LEGEND = (f"{COMMITTED} committed  {FINISHED} committed, finished there  {REUSED} reused from an earlier attempt  "
-              f"{CRASH} crash: the turn it never committed  {DISCARDED} discarded by a restart  {REDONE} redone  "
-              f"{COPIED} copied from the fork's origin")
+MAP_LEGEND = (f"{COMMITTED} committed, {FINISHED} finished there, {REUSED} reused, {CRASH} crashed during it, "
+              f"{DISCARDED} discarded by a restart, {REDONE} redone, {COPIED} copied by a fork")
 
 
 @dataclass
@@ -179,6 +178,7 @@ class AttemptView:
     starts_over: bool = False  # began the conversation again although turns were committed
     superseded_by: int | None = None
     fence_reason: str | None = None  # from the AttemptFenced its successor wrote
+    fences: str | None = None  # the attempt (and epoch) its AttemptFenced superseded
     turns: list[int] = field(default_factory=list)  # turns it committed
     finished: bool = False
     reused: list[int] = field(default_factory=list)  # earlier attempts' turns it resumed after
@@ -200,6 +200,7 @@ class AttemptView:
             "reason": self.reason, "topology": self.topology, "override": self.override,
             "forked_from": self.forked_from, "starts_over": self.starts_over, "started_seq": self.started_seq,
             "location": self.location, "superseded_by": self.superseded_by, "fence_reason": self.fence_reason,
+            "fences": self.fences,
             "turns": self.turns, "reused_turns": self.reused, "finished": self.finished, "crashed": self.crashed,
             "stopped_at_turn": self.stopped_at if self.crashed else None,
             "messages": [{"role": m.role, "content": m.content} for m in self.messages],
@@ -350,12 +351,14 @@ def _attempt_lines(a: AttemptView) -> Iterator[str]:
     if a.override:
         head += f" [override {a.override}]"
     yield head
+    if a.fences:
+        yield f"   fences {a.fences}: its writes and mutations are refused from here on"
     if a.reused:
         yield f"   reuses turns {_spans(a.reused)} committed by earlier attempts (not run again)"
     if a.starts_over:
         yield "   starts the conversation over: the turns committed before are discarded and redone"
     for m in a.messages:
-        yield f"   {m.role}: {m.content}"
+        yield _message(m)
 
 
 def _turn_lines(t: TurnView, detail: bool) -> Iterator[str]:
@@ -381,9 +384,15 @@ def _turn_lines(t: TurnView, detail: bool) -> Iterator[str]:
         yield (f"   mutation {m.resource_id} r{m.prev_revision}->r{m.revision} {m.op}({json.dumps(m.args)}) = "
                f"{json.dumps(m.result)}  digest {m.state_digest[:12]}  chain {m.chain_hash[:12]}")
     for m in t.messages:
-        yield f"   {m.role}: {m.content}"
+        yield _message(m)
     if t.reward is not None:
         yield f"   reward {t.reward:.4f}"
+
+
+def _message(m: Message) -> str:
+    """A message, its later lines indented under its first."""
+    indent = "\n" + " " * (5 + len(m.role))
+    return f"   {m.role}: {m.content.replace(chr(10), indent)}"
 
 
 def _spans(turns: list[int]) -> str:
@@ -434,6 +443,8 @@ class _Builder:
             for a in self.t.attempts:
                 if a.attempt == event.fenced_attempt:
                     a.fence_reason = event.reason
+            if self.t.attempts:
+                self.t.attempts[-1].fences = f"attempt {event.fenced_attempt} (epoch {event.fenced_epoch})"
         elif isinstance(event, ModelCall):
             self._call(event, where)
         elif isinstance(event, ResourceMutation):
