@@ -57,4 +57,4 @@ def __dir__() -> list[str]:
     return sorted(_EXPORTS)
 
 
-__all__ = list(_EXPORTS)  # noqa: PLE0605 - the lazily loaded names above
+__all__ = list(_EXPORTS)

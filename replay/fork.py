@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -40,7 +41,7 @@ from journal.journal import ReadReport
 from journal.open import open_journal
 from participants.agent import mutation_event, snapshot_of
 from participants.environments import Environment, make_environment
-from participants.resources import MutationRequest, Recovery
+from participants.resources import MutationRecord, MutationRequest, Recovery
 from participants.rollout_state import RolloutState, StateFoldError, mutation_record
 from participants.specs import Fork, forks_in, next_fork_id, resolve_spec
 
@@ -48,7 +49,8 @@ from .errors import ForkError, NoSuchTurnError
 from .progress import Progress
 from .source import ReplaySource
 
-WRITER = "fork"  # the writer slot a fork is written from (Kafka: its transactional.id)
+WRITER_PREFIX = "fork-"  # + a fresh id: the writer slot of one fork command (Kafka: its transactional.id),
+# its own so that it fences no worker and no other fork writing to the same cluster
 
 
 @dataclass
@@ -102,7 +104,8 @@ def fork_rollout(source: ReplaySource, rollout_id: str, at_turn: int, *, seed: i
     report = ReadReport()
     initial, turns, topology = _lineage_through(source, rollout_id, at_turn, report, progress)
     target_location = journal_out or source.location
-    with open_journal(target_location, writer=WRITER) as target:
+    writer = WRITER_PREFIX + uuid.uuid4().hex[:12]
+    with open_journal(target_location, writer=writer) as target:
         target_index = target.snapshots()
         taken = set(target_index.workloads) | set(target_index.snapshots) | set(target_index.fences) \
             | set(source.registrations())
@@ -115,14 +118,14 @@ def fork_rollout(source: ReplaySource, rollout_id: str, at_turn: int, *, seed: i
                 raise ForkError(f"rollout {rollout_id} runs on environment {origin_spec.environment!r}, whose "
                                 "resources are restart_only: a fork could not continue from a turn (resume "
                                 "would start it over from turn 0)")
-            state, events, reapplied = _fork_events(fork, origin_spec.group_id, initial, turns, topology, env)
+            state, events, reapplied = _fork_events(fork, origin_spec.group_id, initial, turns, topology, env, writer)
             exports = {rid: r.export_state() for rid, r in env.resources.items() if r.supports_export}
         finally:
             env.close()
-        target.append(events, snapshot_of(state, exports, WRITER)).result()
+        target.append(events, snapshot_of(state, exports, writer)).result()
         for registration in _registrations_needed(rollout_id, source, target_index.workloads):
             target.register_workload(registration).result()
-        target.register_workload(fork.registration(topology, WRITER)).result()
+        target.register_workload(fork.registration(topology, writer)).result()
     calls = sum(isinstance(e, ModelCall) for e in events)
     return ForkResult(rollout_id, fork_id, at_turn, seed, target_location, root, len(turns), calls, reapplied,
                       state.head_call_id, report)
@@ -168,7 +171,7 @@ def _lineage_through(source: ReplaySource, rollout_id: str, at_turn: int, report
 
 
 def _fork_events(fork: Fork, group_id: str, initial: list[Message], turns: list[_Turn], topology: str,
-                 env: Environment) -> tuple[RolloutState, list[RolloutEvent], int]:
+                 env: Environment, writer: str) -> tuple[RolloutState, list[RolloutEvent], int]:
     """The fork's first attempt, applied to its state as it is built (as the live path does)."""
     state = RolloutState(fork.rollout_id, group_id)
     events: list[RolloutEvent] = []
@@ -178,7 +181,7 @@ def _fork_events(fork: Fork, group_id: str, initial: list[Message], turns: list[
         events.append(event)
 
     override = None if fork.seed is None else json.dumps({"seed": fork.seed})
-    applied(AttemptStarted(state.header(WRITER, turn=0, attempt=1, epoch=1), 0, topology,
+    applied(AttemptStarted(state.header(writer, turn=0, attempt=1, epoch=1), 0, topology,
                            f"fork of {fork.origin} after its turn {fork.at_turn}: turns 0-{fork.at_turn} copied",
                            initial, override, fork.forked_from))
     env.fence(fork.rollout_id, state.epoch)
@@ -186,16 +189,16 @@ def _fork_events(fork: Fork, group_id: str, initial: list[Message], turns: list[
     for turn in turns:
         for event in turn.events:
             if isinstance(event, ModelCall):
-                applied(dataclasses.replace(event, header=state.header(WRITER)))
+                applied(dataclasses.replace(event, header=state.header(writer)))
             elif isinstance(event, ResourceMutation):
-                applied(mutation_event(state.header(WRITER), _reapply(fork, env, event, state)))
+                applied(mutation_event(state.header(writer), _reapply(fork, env, event, state)))
                 reapplied += 1
-            else:
-                applied(dataclasses.replace(event, header=state.header(WRITER), resource_revisions=env.revisions()))
+            elif isinstance(event, TurnCompleted):
+                applied(dataclasses.replace(event, header=state.header(writer), resource_revisions=env.revisions()))
     return state, events, reapplied
 
 
-def _reapply(fork: Fork, env: Environment, event: ResourceMutation, state: RolloutState):
+def _reapply(fork: Fork, env: Environment, event: ResourceMutation, state: RolloutState) -> MutationRecord:
     """The origin's mutation, applied to the fork's own resource; it must do what it did then."""
     origin = mutation_record(event)
     name = origin.resource_id.rpartition("/")[2]

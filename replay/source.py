@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from journal.backend import StoredRecord
 from journal.events import WorkloadRegistered
@@ -94,7 +94,7 @@ class ReplaySource:
     def close(self) -> None:
         self.journal.close()
 
-    def __enter__(self) -> ReplaySource:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 
 
-def table(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: set[int] = frozenset()) -> Iterator[str]:
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], numeric: Collection[int] = ()) -> Iterator[str]:
     """Lines of a table; columns whose index is in ``numeric`` are right-aligned."""
     cells = [[str(c) for c in row] for row in rows]
     widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]

@@ -288,14 +288,15 @@ class Timeline:
         if self.selected_turn is not None and not shown:
             return
         for kind, item in self._story():
-            if kind == "attempt":
+            if isinstance(item, TurnView):
+                if self.selected_turn is None or item.turn == self.selected_turn:
+                    yield from _turn_lines(item, detail)
+            elif kind == "attempt":
                 yield from _attempt_lines(item)
-            elif kind == "crash":
+            else:
                 yield (f"!! CRASH: attempt {item.attempt} (epoch {item.epoch}) stopped during turn {item.stopped_at}"
                        f" after committing {len(item.turns)} turn{'s' if len(item.turns) != 1 else ''} of its own; "
                        f"attempt {item.superseded_by} took over")
-            elif self.selected_turn is None or item.turn == self.selected_turn:
-                yield from _turn_lines(item, detail)
         if self.finished and self.selected_turn is None:
             yield f"== finished: reward {self.reward:.4f}" + ("; acknowledged by the trainer" if self.acknowledged else "")
         if self.damaged:
@@ -311,7 +312,7 @@ class Timeline:
             yield f"attempt {attempt:<3} " + "".join(f"{c:>3}" for c in cells)
         yield "  " + MAP_LEGEND
 
-    def _story(self) -> Iterator[tuple[str, object]]:
+    def _story(self) -> Iterator[tuple[str, AttemptView | TurnView]]:
         """Attempts, crash points and turns, in the order they happened."""
         by_attempt = {a.attempt: a for a in self.attempts}
         turns = iter(self.turns)
@@ -380,11 +381,12 @@ def _turn_lines(t: TurnView, detail: bool) -> Iterator[str]:
             yield f"      prompt delta ids {c.prompt_delta.tolist()}"
             yield f"      output ids       {c.output_ids.tolist()}"
             yield f"      logprobs         {[round(float(x), 4) for x in c.logprobs]}"
-    for m in t.mutations:
-        yield (f"   mutation {m.resource_id} r{m.prev_revision}->r{m.revision} {m.op}({json.dumps(m.args)}) = "
-               f"{json.dumps(m.result)}  digest {m.state_digest[:12]}  chain {m.chain_hash[:12]}")
-    for m in t.messages:
-        yield _message(m)
+    for mutation in t.mutations:
+        yield (f"   mutation {mutation.resource_id} r{mutation.prev_revision}->r{mutation.revision} {mutation.op}"
+               f"({json.dumps(mutation.args)}) = {json.dumps(mutation.result)}  digest {mutation.state_digest[:12]}  "
+               f"chain {mutation.chain_hash[:12]}")
+    for message in t.messages:
+        yield _message(message)
     if t.reward is not None:
         yield f"   reward {t.reward:.4f}"
 
@@ -397,18 +399,13 @@ def _message(m: Message) -> str:
 
 def _spans(turns: list[int]) -> str:
     """[0, 1, 2, 5] -> '0-2, 5'."""
-    out, start, prev = [], None, None
+    runs: list[list[int]] = []
     for t in sorted(turns):
-        if start is None:
-            start = prev = t
-        elif t == prev + 1:
-            prev = t
+        if runs and t == runs[-1][1] + 1:
+            runs[-1][1] = t
         else:
-            out.append(f"{start}-{prev}" if prev != start else f"{start}")
-            start = prev = t
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev != start else f"{start}")
-    return ", ".join(out)
+            runs.append([t, t])
+    return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
 
 
 class _Builder:

@@ -43,8 +43,10 @@ STOP = {"g0-s0": 5, "g0-s1": 2, "g1-s0": 3, "g1-s1": 1, "g2-s0": 2, "g2-s1": 0} 
 
 
 def workload(location: str, **overrides) -> WorkloadConfig:
-    base = dict(name="rp", groups=3, siblings=2, max_turns=5, environment="workplace,counter,sandbox", seed=5,
-                allow_early_submit=False, journal=location, snapshot_every_turns=2)
+    # A writer slot of its own: on a broker other suites share, a second "worker-0" would fence this one.
+    base = {"name": "rp", "groups": 3, "siblings": 2, "max_turns": 5, "environment": "workplace,counter,sandbox",
+            "seed": 5, "allow_early_submit": False, "journal": location, "snapshot_every_turns": 2,
+            "writer": f"replay-test-{uuid.uuid4().hex[:8]}"}
     return WorkloadConfig(**(base | overrides))
 
 
