@@ -144,8 +144,10 @@ def _source(args: argparse.Namespace):
     return open_replay(location)
 
 
-def add_replay_commands(sub: argparse._SubParsersAction) -> None:
-    """``list``, ``show``, ``export``, ``export-training``, ``fork``, and ``replay list|show|state``."""
+def add_replay_commands(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """``list``, ``show``, ``export``, ``export-training``, ``fork``, and ``replay list|show|state``;
+    returns the ``replay`` group, for more of its commands. A command sets ``run`` (its handler:
+    open the journal with ``_source``, call one library function, ``emit`` the result)."""
     replay = sub.add_parser("replay", help="look at a journal: list, show, state (reads only)").add_subparsers(
         dest="replay_command", required=True, metavar="COMMAND")
     for group in (sub, replay):
@@ -189,6 +191,7 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="sample with this seed (default: the origin's turn seeds)")
     p.add_argument("--journal-out", metavar="PATH_OR_URL", help="write the fork there (default: --journal)")
     p.set_defaults(run=_fork)
+    return replay
 
 
 def _list(args: argparse.Namespace) -> int:
