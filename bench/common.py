@@ -51,11 +51,12 @@ def bootstrap_median_interval(values: list[float], confidence: float = 0.9, resa
 
 
 def turn_events(rollout: str, turn: int, seq: int, rng: np.random.Generator, *, prompt_delta: int = 1024,
-                output: int = 256) -> list:
+                output: int = 256, attempt: int = 1) -> list:
     """One realistic turn: a model call (~1k prompt-delta tokens, 256 output tokens and
-    their logprobs), one resource mutation, and the turn's commit record."""
+    their logprobs), one resource mutation, and the turn's commit record, by ``attempt``
+    (whose epoch is the same number)."""
     def header(s: int) -> Header:
-        return Header(rollout, rollout.rsplit("-", 1)[0], 1, 1, turn, s, Header.now_ms(), "bench")
+        return Header(rollout, rollout.rsplit("-", 1)[0], attempt, attempt, turn, s, Header.now_ms(), "bench")
 
     call = ModelCall(
         header(seq), f"{rollout}/t{turn}/c0", f"{rollout}/t{turn - 1}/c0" if turn else None, "policy-v1",

@@ -1,14 +1,20 @@
 """What a crash costs, and what journaling costs.
 
-    python bench/recovery.py [--json] [--quick]
+    python bench/recovery.py [--json] [--quick] [--trials N] [--rounds N]
 
 1. Work redone after a crash, per recovery strategy: this system (resume at
    the last committed turn), a naive restart (every unfinished rollout from
    turn 1) and periodic-snapshot-only recovery (back to the last snapshot).
-   Measured on a real crashed workload: the turns and generated tokens that
-   each strategy executes again.
-2. Restore time as active rollouts grow (100, 1k, 10k) and as history grows
-   10x with snapshots on (it must stay flat), on synthesized file journals.
+   Each trial runs a workload in a child process and SIGKILLs it at a random
+   moment, resumes it, and reads every figure from the journal
+   (``replay.redone``): what was committed at the crash, and which committed
+   turns and tokens the restart journaled again. Environments of every
+   recovery kind take part (event-sourced, exportable, restart-only).
+2. Restore time, phase by phase: reading the journal, folding the events into
+   each rollout, rebuilding environments, writing the fences. On real crashed
+   workloads per environment kind, then on synthesized file journals as active
+   rollouts grow (100, 1k, 10k) and as history grows 10x with snapshots on (it
+   must stay flat); synthesized rollouts have no environment to rebuild.
 3. Rollout throughput with journaling on vs off (the same rollouts, alternating
    rounds, median of the per-round ratios with a bootstrap 90% interval):
    ``journal_overhead = 1 - on/off``.
@@ -35,13 +41,16 @@ from bench.common import bootstrap_median_interval, median, percentile, turn_eve
 from journal.events import AttemptStarted, Header  # noqa: E402
 from journal.file_backend import FileBackend  # noqa: E402
 from journal.journal import Journal  # noqa: E402
-from journal.open import open_journal  # noqa: E402
 from journal.restore import load_rollouts  # noqa: E402
 from journal.snapshots import SnapshotDraft  # noqa: E402
 from participants.config import WorkloadConfig  # noqa: E402
 from participants.rollout_state import RolloutState, restore_state  # noqa: E402
 from participants.runner import Runner, workload_specs  # noqa: E402
 from participants.workload import build_backend, open_workload_journal, run_workload  # noqa: E402
+from replay.crash import crash_midway  # noqa: E402
+from replay.redone import workload_at_crash, workload_redone  # noqa: E402
+
+STRATEGIES = ("this_system", "naive_restart", "snapshot_only")
 
 
 def log(message: str) -> None:
@@ -49,65 +58,130 @@ def log(message: str) -> None:
 
 
 # -- 1. work redone ------------------------------------------------------------
-def redone_work(tmp: Path, groups: int, siblings: int, turns: int, snapshot_every: int, seed: int) -> dict:
-    config = WorkloadConfig(name="redo", groups=groups, siblings=siblings, max_turns=turns, seed=seed,
-                            allow_early_submit=False, journal=str(tmp / "redo"), snapshot_every_turns=snapshot_every)
-    rng = random.Random(seed)
-    crash = {s.rollout_id: rng.randint(0, turns) for s in workload_specs(config)}
-    run_workload(config, resume=False, stop_after=crash)
-    with open_journal(config.journal, read_only=True) as journal:
-        plan = load_rollouts(journal)
-    naive_turns = naive_tokens = snap_turns = snap_tokens = 0
-    for spec in workload_specs(config):
-        history = plan.rollouts[spec.rollout_id]
-        state = restore_state(history, spec.group_id)
-        if state.finished:
-            continue
-        snapshot = RolloutState.from_bytes(history.snapshot.state) if history.snapshot else RolloutState(spec.rollout_id, spec.group_id)
-        naive_turns += state.next_turn
-        naive_tokens += state.output_tokens
-        snap_turns += state.next_turn - snapshot.next_turn
-        snap_tokens += state.output_tokens - snapshot.output_tokens
+def crash_trial(config: WorkloadConfig, kill_after: int, extra_delay_s: float) -> dict | None:
+    """Run ``config`` in a child, SIGKILL it once ``kill_after`` turns are durable (plus
+    ``extra_delay_s``), resume it here, and read from the journal what each strategy
+    executes again. None when the child finished the workload before the kill.
+
+    Per rollout unfinished at the crash: this system's figure is what the restart's
+    attempts journaled at already-committed turn indices; a naive restart redoes every
+    committed turn; snapshot-only recovery redoes the turns after the rollout's newest
+    snapshot, or all of them where the journal shows the environment had to start over
+    (a restart-only resource: no snapshot holds its state, whatever the strategy)."""
+    if crash_midway(config, kill_after, extra_delay_s=extra_delay_s) is None:
+        return None
+    at_crash = workload_at_crash(config)
     resumed = run_workload(config, resume=True)
-    this_turns = this_tokens = 0
-    for rid, row in resumed.rollouts.items():
-        if row.restarted_from_zero:
-            this_turns += row.turns_committed_before
-    for rid, row in resumed.rollouts.items():
-        needed = row.outcome["turns"] - row.turns_committed_before
-        this_turns += max(0, row.turns_run_here - needed) if not row.restarted_from_zero else 0
+    redone = workload_redone(config, at_crash)
+    environment = {s.rollout_id: s.environment for s in workload_specs(config)}
+    rollouts = []
+    for rid, before in sorted(at_crash.items()):
+        after = redone[rid]
+        unfinished = not before.finished
+        since_snapshot = (before.turns, before.output_tokens) if after.restarted else \
+            (before.turns - before.snapshot_turns, before.output_tokens - before.snapshot_tokens)
+        rollouts.append({
+            "rollout_id": rid, "environment": environment[rid], "turns_at_crash": before.turns,
+            "tokens_at_crash": before.output_tokens, "finished_at_crash": before.finished,
+            "restarted": after.restarted,
+            "this_system": [after.turns, after.tokens],
+            "naive_restart": [before.turns, before.output_tokens] if unfinished else [0, 0],
+            "snapshot_only": list(since_snapshot) if unfinished else [0, 0],
+        })
+    return {"kill_after_turns": kill_after, "extra_delay_ms": round(extra_delay_s * 1000, 1),
+            "turns_committed_at_crash": sum(r["turns_at_crash"] for r in rollouts),
+            "unfinished_rollouts": sum(not r["finished_at_crash"] for r in rollouts),
+            "restore_ms": resumed.restore.as_ms(), "events_replayed": resumed.events_replayed,
+            "rollouts": rollouts}
+
+
+def strategy_totals(rollouts: list[dict]) -> dict:
+    """Redone turns and tokens per strategy, summed over ``rollouts`` (rows of :func:`crash_trial`)."""
+    return {name: {"redone_turns": sum(r[name][0] for r in rollouts), "redone_tokens": sum(r[name][1] for r in rollouts)}
+            for name in STRATEGIES}
+
+
+def redo_config(tmp: Path, name: str, *, groups: int, siblings: int, turns: int, environment: str,
+                concurrency: int, snapshot_every: int = 4, seed: int = 11) -> WorkloadConfig:
+    return WorkloadConfig(name=name, groups=groups, siblings=siblings, max_turns=turns, seed=seed,
+                          environment=environment, allow_early_submit=False, journal=str(tmp / name),
+                          snapshot_every_turns=snapshot_every, concurrency=concurrency)
+
+
+def redone_work(tmp: Path, groups: int, siblings: int, turns: int, snapshot_every: int, seed: int,
+                trials: int, environment: str = "workplace,counter,sandbox", concurrency: int = 12) -> dict:
+    """``trials`` crashes of the same workload at random moments: a random number of durable
+    turns, then a random delay of up to 20 ms (the kill lands in whatever was in flight)."""
+    rng = random.Random(seed)
+    total = groups * siblings * turns
+    done: list[dict] = []
+    while len(done) < trials:
+        config = redo_config(tmp, f"redo{len(done)}-{rng.randrange(10**6)}", groups=groups, siblings=siblings,
+                             turns=turns, environment=environment, concurrency=concurrency,
+                             snapshot_every=snapshot_every, seed=seed)
+        kill_after, delay = rng.randint(1, total - 1), rng.uniform(0.0, 0.02)
+        trial = crash_trial(config, kill_after, delay)
+        if trial is None:
+            log(f"  the child finished before its kill point ({kill_after} turns); drawing another")
+            continue
+        done.append(trial)
+        t = strategy_totals(trial["rollouts"])
+        log(f"  trial {len(done)}/{trials}: killed after {kill_after} turns + {delay * 1000:.1f} ms; redone turns "
+            + ", ".join(f"{name} {t[name]['redone_turns']}" for name in STRATEGIES)
+            + f"; restore {trial['restore_ms']['total']} ms")
+    rows = [r for trial in done for r in trial["rollouts"]]
     return {
-        "crashed_rollouts": sum(1 for r in resumed.rollouts.values() if not r.reused_result),
-        "turns_committed_at_crash": sum(r.turns_committed_before for r in resumed.rollouts.values()),
-        "strategies": {
-            "this_system": {"redone_turns": this_turns, "redone_tokens": this_tokens},
-            "naive_restart": {"redone_turns": naive_turns, "redone_tokens": naive_tokens},
-            "snapshot_only": {"redone_turns": snap_turns, "redone_tokens": snap_tokens,
-                              "snapshot_every_turns": snapshot_every},
-        },
+        "redo_workload": {"groups": groups, "siblings": siblings, "turns": turns, "environment": environment,
+                          "concurrency": concurrency, "snapshot_every_turns": snapshot_every, "trials": trials},
+        "crashed_rollouts": sum(t["unfinished_rollouts"] for t in done),
+        "turns_committed_at_crash": sum(t["turns_committed_at_crash"] for t in done),
+        "strategies": strategy_totals(rows),
+        "strategies_by_environment": {env: strategy_totals([r for r in rows if r["environment"] == env])
+                                      for env in dict.fromkeys(r["environment"] for r in rows)},
+        "redo_trials": [{k: v for k, v in t.items() if k != "rollouts"} | {"strategies": strategy_totals(t["rollouts"])}
+                        for t in done],
     }
 
 
 # -- 2. restore time -------------------------------------------------------------
+def crashed_restore(tmp: Path, environment: str, groups: int, siblings: int, turns: int) -> dict:
+    """Restore phases of a real crashed workload on one environment kind: every rollout started
+    (concurrency covers them all), killed once about half the turns are durable."""
+    config = redo_config(tmp, f"restore-{environment}", groups=groups, siblings=siblings, turns=turns,
+                         environment=environment, concurrency=groups * siblings)
+    trial = crash_trial(config, kill_after=groups * siblings * turns // 2, extra_delay_s=0.0)
+    if trial is None:
+        raise RuntimeError(f"restore-{environment}: the child finished before the kill")
+    return {"rollouts": groups * siblings, "unfinished_at_crash": trial["unfinished_rollouts"],
+            "events_replayed": trial["events_replayed"], "restore_ms": trial["restore_ms"]}
+
+
 def synthesize(root: Path, active: int, turns: int, snapshot_every: int, finished_before: int) -> None:
     """A file journal: ``finished_before`` acknowledged rollouts of past history, then
     ``active`` rollouts each ``turns`` turns in, snapshotted every ``snapshot_every`` turns.
-    Rollouts of a cohort advance turn by turn together, as a running workload's do."""
+    Rollouts of a cohort advance turn by turn together, as a running workload's do. Each
+    snapshot holds a real rollout state (about 4 KB compressed) that the events after it
+    fold onto, so restore can be timed through the fold."""
     rng = np.random.default_rng(0)
-    state_bytes = rng.bytes(4096)  # a realistic compressed rollout state
+    head = rng.integers(0, 32000, 1024, dtype=np.int32)  # the conversation's tokens: the bulk of a state
+
+    def state_bytes(rid: str, next_turn: int, next_seq: int) -> bytes:
+        return RolloutState(rid, rid.rsplit("-", 1)[0], attempt=1, epoch=1, next_turn=next_turn, next_seq=next_seq,
+                            model_calls=next_turn, output_tokens=64 * next_turn, head_tokens=head).to_bytes()
 
     def cohort(journal: Journal, ids: list[str], acknowledge: bool) -> None:
         futures = []
         for rid in ids:
             h = Header(rid, rid.rsplit("-", 1)[0], 1, 1, 0, 0, 0, "bench")
             futures.append(journal.append([AttemptStarted(h, 0, "topo", "new")],
-                                          SnapshotDraft(h, "running", 0, state_bytes)))
+                                          SnapshotDraft(h, "running", 0, state_bytes(rid, 0, 1))))
         for turn in range(turns):
             for rid in ids:
                 events = turn_events(rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64)
                 snap = None
                 if (turn + 1) % snapshot_every == 0:
-                    snap = SnapshotDraft(events[-1].header, "running", events[-1].header.seq, state_bytes)
+                    covers = events[-1].header.seq
+                    snap = SnapshotDraft(events[-1].header, "running", covers, state_bytes(rid, turn + 1, covers + 1))
                 futures.append(journal.append(events, snap))
             if len(futures) > 20000:
                 for f in futures:
@@ -126,15 +200,24 @@ def synthesize(root: Path, active: int, turns: int, snapshot_every: int, finishe
         cohort(journal, [f"live-{i}" for i in range(active)], False)
 
 
-def restore_seconds(root: Path, repeats: int = 3) -> tuple[float, int]:
-    times, replayed = [], 0
+def restore_phases(root: Path, repeats: int = 3) -> dict:
+    """Read and fold a synthesized journal as the runner does (``load_rollouts``, then
+    ``restore_state`` per rollout); medians over ``repeats`` fresh opens, in seconds."""
+    reads, folds, totals, replayed, turns = [], [], [], 0, []
     for _ in range(repeats):
         with Journal(FileBackend(root, read_only=True)) as journal:
             started = time.perf_counter()
             plan = load_rollouts(journal)
-            times.append(time.perf_counter() - started)
-            replayed = plan.events_replayed
-    return median(times), replayed
+            read = time.perf_counter() - started
+            folding = time.perf_counter()
+            turns = [restore_state(history).next_turn for history in plan.rollouts.values()]
+            fold = time.perf_counter() - folding
+        reads.append(read)
+        folds.append(fold)
+        totals.append(read + fold)
+        replayed = plan.events_replayed
+    return {"read_s": median(reads), "fold_s": median(folds), "restore_s": median(totals),
+            "events_replayed": replayed, "rollouts": len(turns), "turns_folded": sum(turns)}
 
 
 # -- 3. journaling overhead ------------------------------------------------------
@@ -206,58 +289,108 @@ def coordinated_pauses(tmp: Path, groups: int, siblings: int, turns: int) -> dic
             "coordinated_pause_p99_ms": round(percentile(pauses, 99), 2), "coordinated_rollouts_skipped": skipped}
 
 
+SECTIONS = ("redo", "restore", "throughput", "pause")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (1k rollouts at most), for a smoke run")
+    parser.add_argument("--trials", type=int, default=0, help="SIGKILLed workloads for the work redone (default 6)")
     parser.add_argument("--rounds", type=int, default=0,
                         help="journal-on/off throughput rounds (default 24; each is two runs of 256 turns)")
+    parser.add_argument("--only", default=",".join(SECTIONS),
+                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)")
     args = parser.parse_args(argv)
+    only = {name.strip() for name in args.only.split(",") if name.strip()}
+    if not only or only - set(SECTIONS):
+        parser.error(f"--only takes sections of {', '.join(SECTIONS)}; got {args.only!r}")
     sizes = [100, 1000] if args.quick else [100, 1000, 10000]
     report: dict = {}
     with tempfile.TemporaryDirectory(prefix="rj-bench-recovery-") as d:
         tmp = Path(d)
-        log("work redone after a crash ...")
-        report.update(redone_work(tmp, groups=8, siblings=4, turns=8, snapshot_every=4, seed=11))
-        log("restore time vs active rollouts ...")
-        by_active = {}
-        for n in sizes:
-            root = tmp / f"active-{n}"
-            synthesize(root, active=n, turns=3, snapshot_every=2, finished_before=0)
-            seconds, replayed = restore_seconds(root)
-            by_active[str(n)] = {"restore_s": round(seconds, 4), "events_replayed": replayed}
-            log(f"  {n} active rollouts: restore {seconds * 1000:.1f} ms ({replayed} events replayed)")
-        report["restore_time_by_active_rollouts"] = by_active
-        log("restore time vs history (snapshots on) ...")
-        active = 200 if args.quick else 1000
-        base, big = tmp / "hist-1x", tmp / "hist-10x"
-        synthesize(base, active=active, turns=5, snapshot_every=2, finished_before=active // 2)
-        synthesize(big, active=active, turns=41, snapshot_every=2, finished_before=5 * active)
-        (t1, r1), (t10, r10) = restore_seconds(base), restore_seconds(big)
-        sizes_mb = [sum(p.stat().st_size for p in (root / "log").glob("*.seg")) / 1e6 for root in (base, big)]
-        report["restore_time_history"] = {"active_rollouts": active, "journal_mb_1x": round(sizes_mb[0], 1),
-                                          "journal_mb_10x": round(sizes_mb[1], 1), "restore_s_1x": round(t1, 4),
-                                          "restore_s_10x": round(t10, 4), "events_replayed_1x": r1,
-                                          "events_replayed_10x": r10}
-        report["restore_time_ratio_10x_history"] = round(t10 / t1, 3)
-        log(f"  history x{sizes_mb[1] / sizes_mb[0]:.1f} bytes: restore {t1 * 1000:.1f} ms -> {t10 * 1000:.1f} ms")
-        log("rollout throughput, journaling on vs off ...")
-        report.update(throughput(tmp, rounds=args.rounds or (2 if args.quick else 24), groups=8, siblings=4, turns=8))
-        log("coordinated-mode checkpoint pauses ...")
-        report.update(coordinated_pauses(tmp, groups=4, siblings=4, turns=12))
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        s = report["strategies"]
-        print(f"redone after a crash: this system {s['this_system']['redone_turns']} turns / "
-              f"{s['this_system']['redone_tokens']} tokens; naive restart {s['naive_restart']['redone_turns']} / "
-              f"{s['naive_restart']['redone_tokens']}; snapshot-only {s['snapshot_only']['redone_turns']} / "
-              f"{s['snapshot_only']['redone_tokens']}")
-        print(f"restore time ratio at 10x history: {report['restore_time_ratio_10x_history']}; "
-              f"journal overhead {report['journal_overhead']:.1%} (90% interval "
-              f"{report['journal_overhead_90ci'][0]:.1%} to {report['journal_overhead_90ci'][1]:.1%}); coordinated pause p50 "
-              f"{report['coordinated_pause_p50_ms']} ms, p99 {report['coordinated_pause_p99_ms']} ms")
+        if "redo" in only:
+            log("work redone after a crash (SIGKILL at random moments) ...")
+            report.update(redone_work(tmp, groups=9, siblings=4, turns=8, snapshot_every=4, seed=11,
+                                      trials=args.trials or (2 if args.quick else 6)))
+        if "restore" in only:
+            restore_section(tmp, report, sizes, quick=args.quick)
+        if "throughput" in only:
+            log("rollout throughput, journaling on vs off ...")
+            report.update(throughput(tmp, rounds=args.rounds or (2 if args.quick else 24), groups=8, siblings=4,
+                                     turns=8))
+        if "pause" in only:
+            log("coordinated-mode checkpoint pauses ...")
+            report.update(coordinated_pauses(tmp, groups=4, siblings=4, turns=12))
+    print(json.dumps(report, indent=2) if args.json else summary(report))
     return 0
+
+
+def restore_section(tmp: Path, report: dict, sizes: list[int], *, quick: bool) -> None:
+    log("restore phases of crashed workloads, per environment kind ...")
+    groups = 4 if quick else 16
+    by_environment = {}
+    for environment in ("workplace", "counter", "sandbox"):
+        by_environment[environment] = crashed_restore(tmp, environment, groups=groups, siblings=4, turns=4)
+        log(f"  {environment}, {groups * 4} rollouts: restore {by_environment[environment]['restore_ms']} ms")
+    report["restore_crashed_by_environment"] = by_environment
+    log("restore time vs active rollouts (synthesized, read + fold) ...")
+    by_active = {}
+    for n in sizes:
+        root = tmp / f"active-{n}"
+        synthesize(root, active=n, turns=3, snapshot_every=2, finished_before=0)
+        phases = restore_phases(root)
+        by_active[str(n)] = {k: round(v, 4) if isinstance(v, float) else v for k, v in phases.items()}
+        log(f"  {n} active rollouts: restore {phases['restore_s'] * 1000:.1f} ms (read {phases['read_s'] * 1000:.1f}, "
+            f"fold {phases['fold_s'] * 1000:.1f}; {phases['events_replayed']} events replayed)")
+    report["restore_time_by_active_rollouts"] = by_active
+    log("restore time vs history (snapshots on) ...")
+    active = 200 if quick else 1000
+    base, big = tmp / "hist-1x", tmp / "hist-10x"
+    synthesize(base, active=active, turns=5, snapshot_every=2, finished_before=active // 2)
+    synthesize(big, active=active, turns=41, snapshot_every=2, finished_before=5 * active)
+    sizes_mb = [sum(p.stat().st_size for p in (root / "log").glob("*.seg")) / 1e6 for root in (base, big)]
+    # Rounds alternate which journal goes first; the ratio is the median of the per-round
+    # ratios, so a shared machine's drift (and a cold page cache) lands on both alike.
+    rounds, ratios = 3 if quick else 5, []
+    runs: dict[Path, list[dict]] = {base: [], big: []}
+    for round_ in range(rounds):
+        measured = {root: restore_phases(root, repeats=1) for root in ((base, big) if round_ % 2 == 0 else (big, base))}
+        ratios.append(measured[big]["restore_s"] / measured[base]["restore_s"])
+        for root, phases in measured.items():
+            runs[root].append(phases)
+    p1, p10 = ({key: median([r[key] for r in runs[root]]) for key in ("read_s", "fold_s", "restore_s", "events_replayed")}
+               for root in (base, big))
+    report["restore_time_history"] = {
+        "active_rollouts": active, "journal_mb_1x": round(sizes_mb[0], 1), "journal_mb_10x": round(sizes_mb[1], 1),
+        "restore_s_1x": round(p1["restore_s"], 4), "restore_s_10x": round(p10["restore_s"], 4),
+        "read_s_1x": round(p1["read_s"], 4), "read_s_10x": round(p10["read_s"], 4),
+        "fold_s_1x": round(p1["fold_s"], 4), "fold_s_10x": round(p10["fold_s"], 4),
+        "events_replayed_1x": int(p1["events_replayed"]), "events_replayed_10x": int(p10["events_replayed"]),
+        "ratio_per_round": [round(r, 3) for r in ratios]}
+    report["restore_time_ratio_10x_history"] = round(median(ratios), 3)
+    log(f"  history x{sizes_mb[1] / sizes_mb[0]:.1f} bytes: restore {p1['restore_s'] * 1000:.1f} ms -> "
+        f"{p10['restore_s'] * 1000:.1f} ms (median of {rounds} rounds' ratios {median(ratios):.2f})")
+
+
+def summary(report: dict) -> str:
+    lines = []
+    if "strategies" in report:
+        s = report["strategies"]
+        lines.append("redone after a crash (turns / tokens): " + "; ".join(
+            f"{name} {s[name]['redone_turns']} / {s[name]['redone_tokens']}" for name in STRATEGIES))
+    if "restore_crashed_by_environment" in report:
+        lines.append("restore of a crashed workload, total ms: " + ", ".join(
+            f"{env} {r['restore_ms']['total']} (rebuild {r['restore_ms']['rebuild']})"
+            for env, r in report["restore_crashed_by_environment"].items()))
+        lines.append(f"restore time ratio at 10x history: {report['restore_time_ratio_10x_history']}")
+    if "journal_overhead" in report:
+        lines.append(f"journal overhead {report['journal_overhead']:.1%} (90% interval "
+                     f"{report['journal_overhead_90ci'][0]:.1%} to {report['journal_overhead_90ci'][1]:.1%})")
+    if "coordinated_pause_p50_ms" in report:
+        lines.append(f"coordinated pause p50 {report['coordinated_pause_p50_ms']} ms, "
+                     f"p99 {report['coordinated_pause_p99_ms']} ms")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

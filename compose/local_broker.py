@@ -14,7 +14,6 @@ Every broker listens on free loopback ports only; nothing here binds a fixed por
 from __future__ import annotations
 
 import atexit
-import base64
 import contextlib
 import logging
 import os
@@ -24,8 +23,7 @@ import socket
 import subprocess
 import tempfile
 import time
-import uuid
-from collections.abc import Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -34,23 +32,18 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from compose.broker_config import (
+    broker_command,
+    format_command,
+    log4j2_properties,
+    random_cluster_id,
+    server_config,
+    write_properties,
+)
 from compose.broker_jars import ensure_broker_jars, require_java
 from compose.errors import LocalBrokerError
 
 log = logging.getLogger(__name__)
-
-
-# Same heap as the verified manual run; G1 as in Kafka's own start scripts.
-BROKER_JVM_OPTS: tuple[str, ...] = (
-    "-Xms256m",
-    "-Xmx512m",
-    "-XX:+UseG1GC",
-    "-XX:MaxGCPauseMillis=20",
-    "-XX:+ExitOnOutOfMemoryError",
-    "-Djava.awt.headless=true",
-)
-# StorageTool is a one-shot CLI: a small serial heap and C1 only start it faster.
-_TOOL_JVM_OPTS: tuple[str, ...] = ("-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1")
 
 
 class BrokerStartError(LocalBrokerError):
@@ -130,9 +123,26 @@ _RDKAFKA_LOG = _QuietRdkafkaLog(logging.getLogger(f"{__name__}.librdkafka"), {})
 _LIVE_CLUSTERS: set[LocalKafkaCluster] = set()
 
 
-def _admin(bootstrap: str) -> AdminClient:
+def admin_client(bootstrap: str) -> AdminClient:
+    """An AdminClient whose librdkafka chatter about brokers started and killed on purpose stays at DEBUG."""
     config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _RDKAFKA_LOG}
     return AdminClient(config)
+
+
+def describe_partition(
+    admin: AdminClient, bootstrap: str, topic: str, partition: int, timeout_s: float = 5.0
+) -> PartitionState:
+    """Leader, replicas and ISR of ``topic``/``partition`` as metadata reports them (any cluster)."""
+    md = admin.list_topics(topic=topic, timeout=timeout_s)
+    admin.poll(0)
+    meta = md.topics.get(topic)
+    if meta is None or meta.error is not None:
+        raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {meta.error if meta else 'not in metadata'}")
+    part = meta.partitions.get(partition)
+    if part is None:
+        raise LocalBrokerError(f"topic {topic!r} has no partition {partition}")
+    leader = part.leader if part.leader >= 0 else None
+    return PartitionState(leader=leader, replicas=tuple(part.replicas), isr=tuple(part.isrs))
 
 
 @dataclass(eq=False)
@@ -215,23 +225,12 @@ class LocalKafkaCluster:
     def admin(self) -> AdminClient:
         """An AdminClient for this cluster, created once and logging through :mod:`logging`."""
         if self._admin_client is None:
-            self._admin_client = _admin(self.bootstrap_servers)
+            self._admin_client = admin_client(self.bootstrap_servers)
         return self._admin_client
 
     def describe_partition(self, topic: str, partition: int, timeout_s: float = 5.0) -> PartitionState:
         """Leader, replicas and ISR of ``topic``/``partition``; leader is None while none is elected."""
-        md = self.admin.list_topics(topic=topic, timeout=timeout_s)
-        self.admin.poll(0)
-        meta = md.topics.get(topic)
-        if meta is None or meta.error is not None:
-            raise LocalBrokerError(
-                f"topic {topic!r} on {self.bootstrap_servers}: {meta.error if meta else 'not in metadata'}"
-            )
-        part = meta.partitions.get(partition)
-        if part is None:
-            raise LocalBrokerError(f"topic {topic!r} has no partition {partition}")
-        leader = part.leader if part.leader >= 0 else None
-        return PartitionState(leader=leader, replicas=tuple(part.replicas), isr=tuple(part.isrs))
+        return describe_partition(self.admin, self.bootstrap_servers, topic, partition, timeout_s)
 
     def partition_leader(self, topic: str, partition: int, timeout_s: float = 5.0) -> int | None:
         """Node id leading ``topic``/``partition``, or None while no leader is elected."""
@@ -277,7 +276,7 @@ def start_local_cluster(
     root = Path(tempfile.mkdtemp(prefix="rollout-journal-kafka-")) if data_dir is None else Path(data_dir)
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    ports = _free_ports(2 * nodes)
+    ports = free_ports(2 * nodes)
     members = [
         LocalKafkaNode(
             node_id=i + 1, port=ports[2 * i], controller_port=ports[2 * i + 1],
@@ -287,7 +286,7 @@ def start_local_cluster(
     ]
     cluster = LocalKafkaCluster(
         bootstrap_servers=",".join(n.bootstrap for n in members), nodes=members,
-        data_dir=root, cluster_id=_random_cluster_id(), libs_dir=libs,
+        data_dir=root, cluster_id=random_cluster_id(), libs_dir=libs,
         detached=detached, owns_data_dir=owns,
     )
     started = time.monotonic()
@@ -299,8 +298,10 @@ def start_local_cluster(
                 )
             node.log_dirs.mkdir(parents=True)
             node.logs_dir.mkdir(parents=True)
-            _write_properties(node.server_properties, _server_config(node, members, extra_config or {}))
-            node.log4j_properties.write_text(_LOG4J2_PROPERTIES)
+            write_properties(
+                node.server_properties, server_config(node, members, node.log_dirs, extra_config or {})
+            )
+            node.log4j_properties.write_text(log4j2_properties())
         _format_all(java, libs, members, cluster.cluster_id, standalone=nodes == 1)
         if not detached:
             _LIVE_CLUSTERS.add(cluster)
@@ -321,89 +322,7 @@ def start_local_cluster(
     return cluster
 
 
-def _server_config(node: LocalKafkaNode, members: list[LocalKafkaNode], extra: Mapping[str, str]) -> dict[str, str]:
-    n = len(members)
-    rf = min(3, n)
-    min_isr = max(1, rf - 1)
-    listeners = f"PLAINTEXT://127.0.0.1:{node.port},CONTROLLER://127.0.0.1:{node.controller_port}"
-    config: dict[str, str] = {
-        "process.roles": "broker,controller",
-        "node.id": str(node.node_id),
-        "listeners": listeners,
-        "advertised.listeners": listeners,
-        "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-        "log.dirs": str(node.log_dirs),
-        "default.replication.factor": str(rf),
-        "min.insync.replicas": str(min_isr),
-        "offsets.topic.replication.factor": str(rf),
-        "transaction.state.log.replication.factor": str(rf),
-        "transaction.state.log.min.isr": str(min_isr),
-        "share.coordinator.state.topic.replication.factor": str(rf),
-        "share.coordinator.state.topic.min.isr": str(min_isr),
-        # Test tuning: small, fast, explicit.
-        "auto.create.topics.enable": "false",
-        "group.initial.rebalance.delay.ms": "0",
-        "offsets.topic.num.partitions": "1",
-        "transaction.state.log.num.partitions": "1",
-        "share.coordinator.state.topic.num.partitions": "1",
-        "num.network.threads": "2",
-        "num.io.threads": "2",
-        "num.replica.fetchers": "1",
-        "num.recovery.threads.per.data.dir": "1",
-        "background.threads": "4",
-        "log.cleaner.threads": "1",
-        "log.cleaner.backoff.ms": "500",
-        "log.cleaner.dedupe.buffer.size": "16777216",
-    }
-    if n == 1:
-        config["controller.quorum.bootstrap.servers"] = f"127.0.0.1:{node.controller_port}"
-    else:
-        config["controller.quorum.voters"] = ",".join(
-            f"{m.node_id}@127.0.0.1:{m.controller_port}" for m in members
-        )
-        # Fence a SIGKILLed broker within seconds, not the default 9 s.
-        config["broker.session.timeout.ms"] = "3000"
-        config["broker.heartbeat.interval.ms"] = "500"
-    config.update(extra)
-    return config
-
-
-# Broker log: warnings and errors, plus the start/stop milestones of the server classes.
-_LOG4J2_PROPERTIES = """\
-status = warn
-appender.server.type = File
-appender.server.name = server
-appender.server.fileName = ${sys:kafka.logs.dir}/server.log
-appender.server.layout.type = PatternLayout
-appender.server.layout.pattern = [%d] %p %m (%c)%n
-rootLogger.level = WARN
-rootLogger.appenderRef.server.ref = server
-logger.raftserver.name = kafka.server.KafkaRaftServer
-logger.raftserver.level = INFO
-logger.broker.name = kafka.server.BrokerServer
-logger.broker.level = INFO
-logger.controller.name = kafka.server.ControllerServer
-logger.controller.level = INFO
-"""
-
-
-def _write_properties(path: Path, config: Mapping[str, str]) -> None:
-    # java.util.Properties treats backslash as an escape character.
-    lines = [f"{key}={value.replace(chr(92), chr(92) * 2)}" for key, value in config.items()]
-    path.write_text("\n".join(lines) + "\n")
-
-
-def _random_cluster_id() -> str:
-    """Kafka's Uuid format (URL-safe base64, no padding), made here to save a JVM start."""
-    while True:
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        if not cid.startswith("-"):  # Kafka avoids ids that look like CLI flags
-            return cid
-
-
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports: all sockets stay bound until every port is picked."""
     with contextlib.ExitStack() as stack:
         ports = []
@@ -414,21 +333,14 @@ def _free_ports(count: int) -> list[int]:
         return ports
 
 
-def _classpath(libs: Path) -> str:
-    return f"{libs}/*"  # expanded by java itself, never by a shell
-
-
 def _format_all(java: str, libs: Path, members: list[LocalKafkaNode], cluster_id: str, *, standalone: bool) -> None:
     """Run StorageTool format for every node in parallel (each is a JVM start)."""
     running = []
     for node in members:
-        cmd = [
-            java, *_TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={node.log4j_properties}",
-            f"-Dkafka.logs.dir={node.logs_dir}", "-cp", _classpath(libs),
-            "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(node.server_properties),
-        ]
-        if standalone:
-            cmd.append("--standalone")
+        cmd = format_command(
+            java, libs, server_properties=node.server_properties, log4j_properties=node.log4j_properties,
+            logs_dir=node.logs_dir, cluster_id=cluster_id, standalone=standalone,
+        )
         out = open(node.node_dir / "format.log", "wb")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         running.append((node, proc, out))
@@ -447,15 +359,6 @@ def _format_all(java: str, libs: Path, members: list[LocalKafkaNode], cluster_id
         raise BrokerStartError("kafka StorageTool format failed for " + "\n".join(failures))
 
 
-def _broker_command(java: str, node: LocalKafkaNode, libs: Path) -> list[str]:
-    return [
-        java, *BROKER_JVM_OPTS,
-        f"-Dlog4j2.configurationFile={node.log4j_properties}",
-        f"-Dkafka.logs.dir={node.logs_dir}",
-        "-cp", _classpath(libs), "kafka.Kafka", str(node.server_properties),
-    ]
-
-
 def _launch(node: LocalKafkaNode, libs: Path, *, detached: bool) -> None:
     """Start the node's JVM in its own session, output appended to console.log.
 
@@ -463,7 +366,10 @@ def _launch(node: LocalKafkaNode, libs: Path, *, detached: bool) -> None:
     re-parented away from us and survives this process without leaving a
     Popen that Python would warn about.
     """
-    cmd = _broker_command(require_java(), node, libs)
+    cmd = broker_command(
+        require_java(), libs, server_properties=node.server_properties,
+        log4j_properties=node.log4j_properties, logs_dir=node.logs_dir,
+    )
     with open(node.console_log, "ab") as console:
         if not detached:
             node.process = subprocess.Popen(
@@ -492,18 +398,44 @@ def _wait_registered(
     timeout_s: float,
     what: str,
 ) -> None:
-    """Poll metadata until ``expected`` broker ids are listed; fail fast if a watched JVM exits."""
-    admin = _admin(probe_bootstrap)
-    deadline = time.monotonic() + timeout_s
-    seen: set[int] = set()
-    while True:
+    """:func:`wait_for_brokers`, failing fast if a watched JVM exits."""
+
+    def dead() -> str | None:
         for node in watched:
             if not node.is_running():
                 code = node.process.returncode if node.process is not None else "unknown"
-                raise BrokerStartError(
-                    f"{what}: node {node.node_id} exited during startup (exit {code})\n"
-                    + _node_log_tails(node)
-                )
+                return f"node {node.node_id} exited during startup (exit {code})\n" + _node_log_tails(node)
+        return None
+
+    wait_for_brokers(
+        probe_bootstrap, expected, timeout_s=timeout_s, what=what, dead=dead,
+        details=lambda: "\n".join(_node_log_tails(n) for n in watched),
+    )
+
+
+def wait_for_brokers(
+    probe_bootstrap: str,
+    expected: set[int],
+    *,
+    timeout_s: float,
+    what: str,
+    dead: Callable[[], str | None] = lambda: None,
+    details: Callable[[], str] = lambda: "",
+) -> None:
+    """Poll metadata through ``probe_bootstrap`` until the broker ids ``expected`` are listed.
+
+    Readiness is asked of the admin client, not read from a log line (a broker
+    without a log4j2 config logs nothing). ``dead`` returns a reason as soon as a
+    broker being waited for has exited; ``details`` adds its logs to a timeout.
+    Raises :class:`BrokerStartError`.
+    """
+    admin = admin_client(probe_bootstrap)
+    deadline = time.monotonic() + timeout_s
+    seen: set[int] = set()
+    while True:
+        reason = dead()
+        if reason is not None:
+            raise BrokerStartError(f"{what}: {reason}")
         try:
             md = admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
             seen = set(md.brokers)
@@ -514,10 +446,9 @@ def _wait_registered(
             pass
         admin.poll(0)
         if time.monotonic() >= deadline:
-            tails = "\n".join(_node_log_tails(n) for n in watched)
             raise BrokerStartError(
                 f"{what} at {probe_bootstrap} not ready after {timeout_s:.0f} s: brokers "
-                f"{sorted(expected)} expected, {sorted(seen) or 'none'} registered\n{tails}"
+                f"{sorted(expected)} expected, {sorted(seen) or 'none'} registered\n{details()}"
             )
         time.sleep(0.25)
 

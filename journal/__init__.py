@@ -5,7 +5,7 @@ Public API (import from here, not from the modules)::
     from journal import Journal, open_journal, ReadReport, load_rollouts
 
 ``KafkaBackend`` and ``KafkaSettings`` load lazily, so file-journal users never
-import the Kafka client.
+import the Kafka client; so do ``HeadSigner`` and ``HeadVerifier`` (cryptography).
 """
 
 from __future__ import annotations
@@ -23,19 +23,25 @@ from .errors import (
     JournalClosedError,
     JournalDamageError,
     JournalError,
+    JournalStoppedError,
+    OversizedEventError,
     ProducerFencedError,
     RecordLocation,
     RolloutJournalError,
     SnapshotsLostError,
     UnknownSchemaError,
     WriterLockedError,
+    writer_fenced,
 )
 from .events import (
     AttemptFenced,
     AttemptStarted,
     BlobChunk,
     BlobRef,
+    ChainHead,
+    EventChunk,
     Header,
+    HeadCheckpoint,
     Message,
     ModelCall,
     Record,
@@ -56,7 +62,11 @@ from .open import is_kafka_url, open_backend, open_journal
 from .restore import RestorePlan, RolloutHistory, load_rollouts
 from .snapshots import SnapshotDraft
 
-_LAZY = {"KafkaBackend": ".kafka_backend", "KafkaSettings": ".kafka_config"}
+_LAZY = {
+    "KafkaBackend": ".kafka_backend", "KafkaSettings": ".kafka_config",
+    # signing loads the cryptography package: only for those who sign or verify
+    "HeadSigner": ".anchoring", "HeadVerifier": ".anchoring", "SigningKeyError": ".anchoring",
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -75,26 +85,33 @@ __all__ = [
     "Backend",
     "BlobChunk",
     "BlobRef",
+    "ChainHead",
     "Codec",
     "ConfigurationError",
     "CorruptRecordError",
     "Cursor",
     "EpochFence",
+    "EventChunk",
     "FatalJournalError",
     "FencedEventDropped",
     "FencedWriteError",
     "FileBackend",
+    "HeadCheckpoint",
+    "HeadSigner",
+    "HeadVerifier",
     "Header",
     "Journal",
     "JournalClosedError",
     "JournalDamageError",
     "JournalError",
+    "JournalStoppedError",
     "JournaledEvent",
     "KafkaBackend",
     "KafkaSettings",
     "Message",
     "ModelCall",
     "OutRecord",
+    "OversizedEventError",
     "ProducerFencedError",
     "ReadReport",
     "Record",
@@ -107,6 +124,7 @@ __all__ = [
     "RolloutHistory",
     "RolloutJournalError",
     "SamplingParams",
+    "SigningKeyError",
     "Snapshot",
     "SnapshotDraft",
     "SnapshotsLostError",
@@ -121,4 +139,5 @@ __all__ = [
     "open_backend",
     "open_journal",
     "partition_for",
+    "writer_fenced",
 ]

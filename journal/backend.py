@@ -34,6 +34,7 @@ class OutRecord:
     key: str
     value: bytes | None  # None: a tombstone (snapshots stream only)
     partition_key: str  # records sharing it share a partition (the rollout id)
+    continuation: bool = False  # a later piece of a chunked event: the append's receipt names its first piece
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +72,7 @@ class Backend(ABC):
 
     kind: str
     partitions: int
+    max_record_bytes: int | None = None  # the largest record value it takes (None: no limit below the journal's)
 
     @abstractmethod
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:

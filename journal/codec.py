@@ -25,7 +25,7 @@ import schemas
 from schemas import SchemaVersion
 
 from .errors import CorruptRecordError, RecordLocation, UnknownSchemaError
-from .events import EVENT_TYPES, NESTED_TYPES, Record
+from .events import EVENT_TYPES, NESTED_LISTS, NESTED_TYPES, Record
 
 MAGIC = b"\xc3\x01"
 PREFIX_LEN = 10
@@ -52,7 +52,7 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
         if "dtype" in f.metadata:
             plans.append(_FieldPlan(f.name, _Kind.PACKED, dtype=f.metadata["dtype"]))
         elif f.name in NESTED_TYPES:
-            kind = _Kind.NESTED_LIST if f.name == "messages" else _Kind.NESTED
+            kind = _Kind.NESTED_LIST if f.name in NESTED_LISTS else _Kind.NESTED
             plans.append(_FieldPlan(f.name, kind, cls=NESTED_TYPES[f.name]))
         else:
             plans.append(_FieldPlan(f.name, _Kind.PLAIN))
@@ -185,6 +185,13 @@ class Codec:
         buf.write(MAGIC + version.fingerprint)
         schemaless_writer(buf, version.parsed, _ENCODERS[type(record)](record))
         return buf.getvalue()
+
+    def record_class(self, data: bytes | None) -> type | None:
+        """The record class whose schema ``data``'s fingerprint names; None for anything else."""
+        if data is None or len(data) < PREFIX_LEN or data[:2] != MAGIC:
+            return None
+        found = self._by_fingerprint.get(bytes(data[2:PREFIX_LEN]))
+        return None if found is None else found[0]
 
     def decode(self, data: bytes, location: RecordLocation) -> Record:
         """Decode one record; errors name ``location``."""

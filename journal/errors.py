@@ -91,6 +91,20 @@ class FencedWriteError(JournalError):
         self.current_epoch = current_epoch
 
 
+class OversizedEventError(JournalError):
+    """An event too large to journal even in pieces; only the append that carries it fails."""
+
+    def __init__(self, rollout_id: str, turn: int, record: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"rollout {rollout_id} turn {turn}: its {record} encodes to {size} bytes, over the journal's "
+            f"max_event_bytes={limit}; this append is refused (nothing of it was written)"
+        )
+        self.rollout_id = rollout_id
+        self.turn = turn
+        self.size = size
+        self.limit = limit
+
+
 class WriterLockedError(JournalError):
     """Another process holds the file journal's writer lock."""
 
@@ -109,3 +123,17 @@ class ProducerFencedError(FatalJournalError):
 
 class JournalClosedError(JournalError):
     """The journal was closed or failed fatally; no more appends are accepted."""
+
+
+class JournalStoppedError(JournalClosedError):
+    """The journal's writer stopped after a fatal error, ``cause``; no more appends are accepted."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"journal stopped after a fatal error: {cause}")
+        self.cause = cause
+
+
+def writer_fenced(error: BaseException) -> bool:
+    """Whether ``error`` means another process took over this writer's slot (directly, or as
+    the cause of a stopped journal): the process should stop, and say so distinctly."""
+    return isinstance(error, ProducerFencedError) or isinstance(getattr(error, "cause", None), ProducerFencedError)

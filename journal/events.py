@@ -167,6 +167,32 @@ class BlobChunk:
 
 
 @dataclass(frozen=True)
+class ChainHead:
+    """A resource's hash-chain head: its revision and the chain hash at that revision."""
+
+    resource_id: str
+    revision: int
+    chain_hash: str
+
+
+@dataclass(frozen=True)
+class HeadCheckpoint:
+    """Signed heads of every resource of a rollout, committed with the mutations they cover.
+
+    Audit only: it changes no rollout state. Built and signed by ``journal.anchoring.HeadSigner``;
+    an auditor holding the public key checks it with ``HeadVerifier``.
+    """
+
+    RECORD: ClassVar[str] = "HeadCheckpoint"
+    header: Header
+    life: int  # 0, then +1 each time the rollout starts over from turn 0
+    heads: list[ChainHead]
+    algorithm: str
+    key_id: str
+    signature: bytes
+
+
+@dataclass(frozen=True)
 class WorkloadRegistered:
     """A workload recorded in the journal (not a rollout event: it has no header)."""
 
@@ -179,15 +205,38 @@ class WorkloadRegistered:
     writer: str
 
 
+@dataclass(frozen=True)
+class EventChunk:
+    """One piece of a rollout event too large for one record; the journal splits and joins them."""
+
+    RECORD: ClassVar[str] = "EventChunk"
+    header: Header  # the chunked event's own
+    record: str
+    sha256: str
+    index: int
+    count: int
+    size: int
+    data: bytes
+
+
 RolloutEvent = Union[
-    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
+    HeadCheckpoint,
 ]
-Record = Union[RolloutEvent, Snapshot, BlobChunk, WorkloadRegistered]
+Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered]
+
+ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
+    AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted, RolloutFinished, RolloutAcknowledged,
+    HeadCheckpoint,
+)
+"""What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
+BlobChunk or WorkloadRegistered found there is a foreign record."""
 
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ResourceMutation, TurnCompleted,
-    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk, WorkloadRegistered,
+    RolloutFinished, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, HeadCheckpoint,
 )
 NESTED_TYPES: dict[str, type] = {
-    "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message,
+    "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message, "heads": ChainHead,
 }
+NESTED_LISTS = frozenset({"messages", "heads"})  # fields of NESTED_TYPES that hold an array of them

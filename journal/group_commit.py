@@ -29,7 +29,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 
 from .backend import Backend, OutRecord, Stream
-from .errors import AbortableCommitError, FatalJournalError, JournalClosedError, RecordLocation
+from .errors import (
+    AbortableCommitError, FatalJournalError, JournalClosedError, JournalStoppedError, RecordLocation, writer_fenced,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ class GroupCommitter:
 
     def submit(self, build: Callable[[], Sequence[OutRecord]]) -> CommitFuture:
         if self._failure is not None:
-            raise JournalClosedError(f"journal stopped after a fatal error: {self._failure}") from self._failure
+            raise JournalStoppedError(self._failure) from self._failure
         if self._closed:
             raise JournalClosedError("journal is closed")
         pending = PendingAppend(build, CommitFuture(self._make_due))
@@ -159,7 +161,7 @@ class GroupCommitter:
         live = [p for p in batch if p.future.set_running_or_notify_cancel()]
         if self._failure is not None:
             for pending in live:
-                pending.future.set_exception(JournalClosedError(f"journal stopped after a fatal error: {self._failure}"))
+                pending.future.set_exception(JournalStoppedError(self._failure))
             return
         built: list[tuple[PendingAppend, Sequence[OutRecord]]] = []
         try:
@@ -189,12 +191,13 @@ class GroupCommitter:
         for pending, recs in built:
             if pending.future.running():
                 mine = zip(recs, locations[i:i + len(recs)])
-                events = [loc for record, loc in mine if record.stream is Stream.EVENTS]
+                events = [loc for record, loc in mine if record.stream is Stream.EVENTS and not record.continuation]
                 pending.future.set_result(AppendReceipt(events, commit_ms, len(built)))
             i += len(recs)
 
     def _fail(self, built: Sequence[tuple[PendingAppend, Sequence[OutRecord]]], exc: BaseException) -> None:
-        log.error("journal commit failed fatally; stopping the writer: %s", exc)
+        level = logging.INFO if writer_fenced(exc) else logging.ERROR  # a takeover: the caller reports it once
+        log.log(level, "journal commit failed fatally; stopping the writer: %s", exc)
         self._failure = exc
         for pending, _ in built:
             if pending.future.running():
@@ -204,5 +207,8 @@ class GroupCommitter:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 return
-            if item is not None and item.future.set_running_or_notify_cancel():
-                item.future.set_exception(JournalClosedError(f"journal stopped after a fatal error: {exc}"))
+            if item is None:  # close() is waiting for the thread: hand its stop back to _run
+                self._queue.put(None)
+                return
+            if item.future.set_running_or_notify_cancel():
+                item.future.set_exception(JournalStoppedError(exc))

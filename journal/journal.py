@@ -8,18 +8,25 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import cast
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
 from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
-from .events import AttemptStarted, BlobRef, Header, RolloutAcknowledged, RolloutEvent, WorkloadRegistered
+from .event_chunks import ChunkJoiner, split_event
+from .events import (
+    ROLLOUT_EVENT_TYPES, AttemptStarted, EventChunk, Header, RolloutAcknowledged, RolloutEvent, WorkloadRegistered,
+)
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
 from .snapshots import (
-    SnapshotDraft, SnapshotIndex, blob_tombstones, fence_key, load_snapshots, snapshot_records, workload_key,
+    SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_key, load_snapshots, snapshot_records, tombstone_records,
+    workload_key,
 )
 
 log = logging.getLogger(__name__)
+
+_PEEKABLE = frozenset((*ROLLOUT_EVENT_TYPES, EventChunk))  # records that begin with a rollout event's Header
 
 __all__ = ["Journal", "JournaledEvent", "ReadReport", "Cursor", "AppendReceipt", "SnapshotDraft"]
 
@@ -37,6 +44,7 @@ class ReadReport:
 
     errors: list[JournalError] = field(default_factory=list)
     fenced: list[FencedEventDropped] = field(default_factory=list)
+    records_read: int = 0  # records the backend handed over, wanted or not: what the read cost
 
     @property
     def clean(self) -> bool:
@@ -69,14 +77,24 @@ class Journal:
         max_batch_appends: int = 4096,
         max_commit_attempts: int = 5,
         inline_snapshot_limit: int = 256 * 1024,
+        max_record_bytes: int = 512 * 1024,
+        max_event_bytes: int = 64 * 1024 * 1024,
     ) -> None:
+        """``max_record_bytes``: an event encoding to more is journaled as ``EventChunk`` pieces
+        (lowered to what the backend takes, e.g. a Kafka topic's ``max.message.bytes``), and so is a
+        snapshot state over ``inline_snapshot_limit`` (as blob chunks). ``max_event_bytes``: the
+        largest event an append takes, and a reader joins; a larger one fails its own append."""
         self.backend = backend
         self.codec = Codec()
-        self.inline_snapshot_limit = inline_snapshot_limit
+        limit = backend.max_record_bytes
+        self.max_record_bytes = max_record_bytes if limit is None else min(max_record_bytes, limit)
+        self.max_event_bytes = max_event_bytes
+        # A blob chunk is a record too: a few hundred bytes of framing besides its data.
+        self.inline_snapshot_limit = min(inline_snapshot_limit, self.max_record_bytes - 1024)
         self._fence = EpochFence()
         self._fence_lock = threading.Lock()
         self._committed_end: dict[int, int] = {}  # partition -> end after our last commit (committer thread only)
-        self._blobs: dict[str, BlobRef | None] = {}  # rollout -> blob of its newest snapshot
+        self._slots: dict[str, SnapshotSlots] = {}  # rollout -> its two snapshot keys, as this writer knows them
         self._committer = GroupCommitter(
             backend,
             linger_ms=linger_ms,
@@ -93,8 +111,17 @@ class Journal:
         """Append one turn's events (and its snapshot) atomically.
 
         Raises ``FencedWriteError`` at once if an event's epoch is older than
-        the epoch this journal knows for its rollout.
+        the epoch this journal knows for its rollout, ``OversizedEventError`` if
+        an event encodes to more than ``max_event_bytes``.
         """
+        encoded: list[OutRecord] = []
+        for event in events:  # first: an event too large even in pieces fails this append before anything changes
+            rollout_id, value = event.header.rollout_id, self.codec.encode(event)
+            pieces = split_event(self.codec, event, value, self.max_record_bytes, self.max_event_bytes)
+            encoded.extend(OutRecord(Stream.EVENTS, rollout_id, piece, rollout_id, continuation=i > 0)
+                           for i, piece in enumerate(pieces))
+            if isinstance(event, AttemptStarted):  # the fence, in the same commit, where restore reads first
+                encoded.append(OutRecord(Stream.SNAPSHOTS, fence_key(rollout_id), value, rollout_id))
         headers = [e.header for e in events] + ([snapshot.header] if snapshot is not None else [])
         with self._fence_lock:
             for header in headers:
@@ -104,12 +131,6 @@ class Journal:
             for event in events:
                 if isinstance(event, AttemptStarted):
                     self._fence.raise_to(event.header.rollout_id, event.header.epoch)
-        encoded = []
-        for event in events:
-            rollout_id, value = event.header.rollout_id, self.codec.encode(event)
-            encoded.append(OutRecord(Stream.EVENTS, rollout_id, value, rollout_id))
-            if isinstance(event, AttemptStarted):  # the fence, in the same commit, where restore reads first
-                encoded.append(OutRecord(Stream.SNAPSHOTS, fence_key(rollout_id), value, rollout_id))
         if snapshot is None:
             return self._committer.submit(lambda: encoded)
         partition = self.partition_of(snapshot.header.rollout_id)
@@ -141,27 +162,23 @@ class Journal:
         with self._fence_lock:
             self._fence.raise_to(rollout_id, epoch)
 
-    def note_blob(self, rollout_id: str, blob: BlobRef | None) -> None:
-        """Tell the writer the blob of a rollout's newest snapshot, so it is tombstoned when superseded."""
-        self._blobs[rollout_id] = blob
+    def note_snapshot_slots(self, rollout_id: str, slots: SnapshotSlots) -> None:
+        """Tell the writer what a rollout's snapshot keys hold (restore learns it), so the next snapshot
+        overwrites the older one and superseded blobs are tombstoned."""
+        self._slots[rollout_id] = slots
 
     def _tombstone_records(self, rollout_id: str) -> list[OutRecord]:
-        records = [OutRecord(Stream.SNAPSHOTS, key, None, rollout_id) for key in (rollout_id, fence_key(rollout_id))]
-        blob = self._blobs.pop(rollout_id, None)
-        if blob is not None:
-            records[:0] = blob_tombstones(rollout_id, blob)
-        return records
+        return tombstone_records(rollout_id, self._slots.pop(rollout_id, None))
 
     def _snapshot_records(self, draft: SnapshotDraft) -> list[OutRecord]:
         # Runs in the committer thread: no event of this rollout newer than
         # ``covers_seq`` can precede the end of our previous commit.
         rollout_id = draft.header.rollout_id
         partition = self.partition_of(rollout_id)
-        records, blob = snapshot_records(
+        records, self._slots[rollout_id] = snapshot_records(
             self.codec, draft, partition, self._committed_end[partition],
-            self.inline_snapshot_limit, self._blobs.get(rollout_id),
+            self.inline_snapshot_limit, self._slots.get(rollout_id, SnapshotSlots()),
         )
-        self._blobs[rollout_id] = blob
         return records
 
     def _note_committed(self, records: Sequence[OutRecord], locations: list[RecordLocation]) -> None:
@@ -186,17 +203,36 @@ class Journal:
         self.close()
 
     # -- reading -----------------------------------------------------------
-    def _decode(self, stored: StoredRecord, report: ReadReport | None) -> RolloutEvent | None:
+    def _decode(self, stored: StoredRecord, report: ReadReport | None, chunks: ChunkJoiner) -> JournaledEvent | None:
+        """The event a record holds; None for a piece of a chunked event not yet complete, or (with a
+        report) a bad record."""
         try:
             if stored.error is not None:
                 raise CorruptRecordError(stored.location, stored.error)
-            return self.codec.decode(stored.value, stored.location)
+            if stored.value is None:  # a tombstone written by a foreign producer: no record at all
+                raise CorruptRecordError(stored.location, "the record has no value (null); no journal event does")
+            record = self.codec.decode(stored.value, stored.location)
+            location = stored.location
+            if isinstance(record, EventChunk):
+                joined = chunks.add(record, location)
+                if joined is None:
+                    return None
+                location = joined.location
+                record = self.codec.decode(joined.encoded, location)
+            if not isinstance(record, ROLLOUT_EVENT_TYPES):
+                raise CorruptRecordError(location, f"holds a {type(record).__name__} record, not a rollout "
+                                                   "event (it belongs on the snapshot stream)")
+            return JournaledEvent(cast(RolloutEvent, record), location)
         except JournalError as exc:
-            if report is None:
-                raise
-            log.warning("%s", exc)
-            report.errors.append(exc)
+            self._report(exc, report)
             return None
+
+    @staticmethod
+    def _report(exc: JournalError, report: ReadReport | None) -> None:
+        if report is None:
+            raise exc
+        log.warning("%s", exc)
+        report.errors.append(exc)
 
     def _admit(self, fence: EpochFence, item: JournaledEvent, report: ReadReport | None) -> bool:
         if fence.admit(item.event):
@@ -231,7 +267,10 @@ class Journal:
             for rollout_id, cursor in wanted.items():
                 fence.raise_to(rollout_id, cursor.epoch, cursor.resume_seq)
             start = min(c.offset for c in wanted.values())
+            chunks = ChunkJoiner(self.max_event_bytes)
             for stored in self.backend.read_events(partition, start):
+                if report is not None:
+                    report.records_read += 1
                 cursor = wanted.get(stored.key)
                 if cursor is None and stored.error is None:
                     continue  # another rollout sharing the partition
@@ -239,18 +278,21 @@ class Journal:
                     continue
                 if cursor is not None and cursor.after_seq >= 0 and stored.error is None:
                     try:
-                        if peek_seq(stored.value) <= cursor.after_seq:
-                            continue  # covered by the snapshot: skip without decoding
+                        # Only a header-led record may be peeked: any other bytes are decoded and reported.
+                        if self.codec.record_class(stored.value) in _PEEKABLE \
+                                and peek_seq(stored.value) <= cursor.after_seq:
+                            continue  # covered by the snapshot: skip without decoding (or joining pieces)
                     except (IndexError, ValueError):
                         pass  # let the full decode name what is wrong
-                event = self._decode(stored, report)
-                if event is None or event.header.rollout_id not in wanted:
+                item = self._decode(stored, report, chunks)
+                if item is None or item.event.header.rollout_id not in wanted:
                     continue
-                if event.header.seq <= wanted[event.header.rollout_id].after_seq:
+                if item.event.header.seq <= wanted[item.event.header.rollout_id].after_seq:
                     continue
-                item = JournaledEvent(event, stored.location)
                 if self._admit(fence, item, report):
                     yield item
+            for exc in chunks.unfinished():
+                self._report(exc, report)
 
     def read_rollout(self, rollout_id: str, cursor: Cursor = Cursor(), report: ReadReport | None = None) -> Iterator[JournaledEvent]:
         """One rollout's events after ``cursor`` in order, fenced."""
@@ -262,13 +304,15 @@ class Journal:
         self._note_damage(report)
         for partition in range(self.backend.partitions):
             fence = EpochFence()
+            chunks = ChunkJoiner(self.max_event_bytes)
             for stored in self.backend.read_events(partition, 0):
-                event = self._decode(stored, report)
-                if event is None:
-                    continue
-                item = JournaledEvent(event, stored.location)
-                if self._admit(fence, item, report):
+                if report is not None:
+                    report.records_read += 1
+                item = self._decode(stored, report, chunks)
+                if item is not None and self._admit(fence, item, report):
                     yield item
+            for exc in chunks.unfinished():
+                self._report(exc, report)
 
     def snapshots(self) -> SnapshotIndex:
         """Newest valid snapshot of every rollout still in the compacted stream."""

@@ -9,8 +9,9 @@ restore finds a rollout's events without scanning history. Topics are created
 by the backend itself, never by broker auto-creation.
 
 Writing: a backend built with ``transactional=True`` (the default) holds one
-transactional, idempotent, ``acks=all`` producer whose ``transactional.id`` is the
-worker's slot name; :meth:`KafkaBackend.commit` is one Kafka transaction, so a
+transactional, idempotent, ``acks=all`` producer whose ``transactional.id`` is
+``<namespace>.<slot>`` (the worker's slot name, qualified by the namespace so
+that a job in another namespace on the same cluster never fences this one); :meth:`KafkaBackend.commit` is one Kafka transaction, so a
 batch is wholly visible to read_committed readers or not at all. Constructing a
 backend calls ``init_transactions``, which fences any older producer with the
 same id (a zombie worker) and completes or aborts its open transaction.
@@ -23,7 +24,11 @@ Errors are classified the librdkafka way:
   transaction): the transaction is aborted and ``AbortableCommitError`` raised;
   nothing of the batch is visible and the caller may redo it;
 - fenced (``_FENCED``, ``PRODUCER_FENCED``, ``INVALID_PRODUCER_EPOCH``):
-  ``ProducerFencedError``;
+  ``ProducerFencedError``, wherever the zombie learns it (usually the produce and
+  flush of its next batch). The delivery callback only stores its report (calling
+  into the message while confluent-kafka holds the pending fatal error would turn
+  it into a ``SystemError``); a fenced backend's later commits raise
+  ``ProducerFencedError`` too, and closing it never tries to abort;
 - fatal or anything else: ``FatalJournalError``. After either of these the backend
   refuses every further commit.
 
@@ -59,11 +64,12 @@ import logging
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .errors import (
@@ -76,16 +82,31 @@ from .errors import (
     RecordLocation,
 )
 from .kafka_config import KafkaSettings, redact_config
+from .kafka_topics import TopicState, prepare_topics, topic_configs
 
 log = logging.getLogger(__name__)
 client_log = logging.getLogger("journal.kafka.librdkafka")
 
+
+class _FencingIsATakeover(logging.Filter):
+    """librdkafka logs a fenced producer at ERROR and CRITICAL ("fenced by a newer instance",
+    "operation with an old epoch"). Here that is another process taking over the slot, raised
+    once as ``ProducerFencedError``; its log lines are demoted to INFO."""
+
+    _SIGNS = ("fenced by a newer instance", "operation with an old epoch")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO and any(sign in record.getMessage() for sign in self._SIGNS):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            return client_log.isEnabledFor(logging.INFO)
+        return True
+
+
+client_log.addFilter(_FencingIsATakeover())
+
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
-_CONFIG_ERROR_CODES = frozenset({
-    KafkaError.INVALID_REPLICATION_FACTOR, KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_CONFIG,
-    KafkaError.POLICY_VIOLATION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-    KafkaError.TOPIC_EXCEPTION, KafkaError.INVALID_REQUEST,
-})
+_CLIENT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+_RECORD_FRAMING_BYTES = 8192
 INIT_TRANSACTIONS_TIMEOUT_S = 60.0  # the first init on a cluster creates __transaction_state
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 2.0
@@ -108,6 +129,20 @@ def _kafka_error(exc: BaseException) -> KafkaError | None:
     if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
         return exc.args[0]
     return None
+
+
+def _unwrapped(exc: BaseException) -> KafkaException:
+    """The KafkaException behind a failed producer call (re-raises anything else).
+
+    confluent-kafka raises a fatal error (a fenced producer) from inside ``flush()``
+    or ``poll()`` and may go on serving callbacks, its log callback included, with
+    that exception pending; CPython then reports a ``SystemError`` whose cause is
+    the ``KafkaException``."""
+    if isinstance(exc, KafkaException):
+        return exc
+    if isinstance(exc.__cause__, KafkaException):
+        return exc.__cause__
+    raise exc
 
 
 def _describe(err: KafkaError) -> str:
@@ -156,20 +191,28 @@ class StagedCommit:
 class _Deliveries:
     """Delivery reports of one batch, in record order."""
 
-    __slots__ = ("locations", "errors")
+    __slots__ = ("reports",)
 
     def __init__(self, n: int) -> None:
-        self.locations: list[RecordLocation | None] = [None] * n
-        self.errors: list[tuple[int, KafkaError, str, int]] = []
+        self.reports: list[tuple[KafkaError | None, Any] | None] = [None] * n
 
     def callback(self, index: int) -> Callable[[KafkaError | None, Any], None]:
+        reports = self.reports
+
         def on_delivery(err: KafkaError | None, msg: Any) -> None:
-            if err is not None:
-                self.errors.append((index, err, msg.topic(), msg.partition()))
-            else:
-                self.locations[index] = RecordLocation(msg.topic(), msg.partition(), msg.offset())
+            # Runs inside produce()/flush(), possibly while confluent-kafka holds a pending fatal
+            # error (a fenced producer): any call made here, msg.topic() or list.append, would turn
+            # it into a SystemError. So only store; the message is read once flush() has returned.
+            reports[index] = (err, msg)
 
         return on_delivery
+
+    def errors(self) -> list[tuple[int, KafkaError]]:
+        return [(i, r[0]) for i, r in enumerate(self.reports) if r is not None and r[0] is not None]
+
+    def locations(self) -> list[RecordLocation]:
+        """Where each record landed; call only when every report arrived without error."""
+        return [RecordLocation(msg.topic(), msg.partition(), msg.offset()) for _, msg in self.reports]  # type: ignore[misc]
 
 
 class KafkaBackend(Backend):
@@ -194,6 +237,8 @@ class KafkaBackend(Backend):
         # Read-your-writes: commit_transaction returns before the broker has written the commit
         # markers, so the last stable offset lags a few ms; reads wait until it covers our commits.
         self._committed_end: dict[tuple[str, int], int] = {}
+        self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
+        self._topic_max_bytes: int | None = None
         self._reader_group = f"rollout-journal-reader-{settings.namespace}-{uuid.uuid4().hex[:8]}"
         if transactional and settings.transactional_id is None:
             raise ConfigurationError(
@@ -213,7 +258,8 @@ class KafkaBackend(Backend):
 
     @property
     def transactional_id(self) -> str | None:
-        return self.settings.transactional_id if self.transactional else None
+        """The producer's ``transactional.id``: ``<namespace>.<slot>`` (see ``KafkaSettings.producer_transactional_id``)."""
+        return self.settings.producer_transactional_id if self.transactional else None
 
     # -- client configuration --------------------------------------------------------------
 
@@ -233,12 +279,14 @@ class KafkaBackend(Backend):
             "enable.idempotence": True,
             "acks": "all",
             "linger.ms": s.linger_ms,
-            "batch.size": s.batch_size,
+            # A topic's max.message.bytes bounds a whole record batch, not a record: batches stay below it.
+            "batch.size": s.batch_size if self._topic_max_bytes is None
+            else min(s.batch_size, self._topic_max_bytes - _RECORD_FRAMING_BYTES),
             "compression.type": s.compression_type,
             "error_cb": self._on_producer_error,
         })
         if self.transactional:
-            cfg["transactional.id"] = s.transactional_id
+            cfg["transactional.id"] = s.producer_transactional_id
             cfg["transaction.timeout.ms"] = s.transaction_timeout_ms
         cfg.update(s.librdkafka)
         return cfg
@@ -283,100 +331,21 @@ class KafkaBackend(Backend):
     # -- topics ---------------------------------------------------------------------------
 
     def topic_configs(self) -> dict[str, dict[str, str]]:
-        """The configs the backend creates its two topics with."""
-        s = self.settings
-        return {
-            self.events_topic: {
-                "cleanup.policy": "delete",
-                "retention.ms": str(s.events_retention_ms),
-                "min.insync.replicas": str(s.min_insync_replicas),
-            },
-            self.snapshots_topic: {
-                "cleanup.policy": "compact",
-                "min.insync.replicas": str(s.min_insync_replicas),
-                "min.cleanable.dirty.ratio": str(s.snapshot_min_cleanable_dirty_ratio),
-                "segment.ms": str(s.snapshot_segment_ms),
-                "segment.bytes": str(s.snapshot_segment_bytes),
-                "delete.retention.ms": str(s.snapshot_delete_retention_ms),
-                "min.compaction.lag.ms": str(s.snapshot_min_compaction_lag_ms),
-            },
-        }
+        """The configs the backend creates its two topics with (see :mod:`journal.kafka_topics`)."""
+        return topic_configs(self.settings)
 
     def _prepare_topics(self, create: bool) -> None:
-        s = self.settings
-        timeout_s = s.operation_timeout_ms / 1000
         admin = _new_client(AdminClient, self.admin_config(), "admin")
         try:
-            wanted = self.topic_configs()
-            if create:
-                new = [
-                    NewTopic(topic, num_partitions=s.partitions, replication_factor=s.replication_factor, config=cfg)
-                    for topic, cfg in wanted.items()
-                ]
-                futures = admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s)
-                for topic, future in futures.items():
-                    try:
-                        future.result()
-                        log.info("created topic %s (%d partitions, replication %d)", topic, s.partitions, s.replication_factor)
-                    except KafkaException as exc:
-                        err = _kafka_error(exc)
-                        if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                            continue
-                        detail = _describe(err) if err is not None else repr(exc)
-                        cls = ConfigurationError if err is None or err.code() in _CONFIG_ERROR_CODES else JournalError
-                        raise cls(
-                            f"cannot create topic {topic} ({s.partitions} partitions, replication factor "
-                            f"{s.replication_factor}) on {s.bootstrap_servers}: {detail}"
-                        ) from exc
-            self._check_topics(admin, wanted, timeout_s, just_created=create)
+            self.topics = prepare_topics(admin, self.settings, create=create)
         finally:
             admin.poll(0)  # deliver queued client logs
-
-    def _check_topics(
-        self, admin: AdminClient, wanted: dict[str, dict[str, str]], timeout_s: float, *, just_created: bool
-    ) -> None:
-        deadline = time.monotonic() + timeout_s
-        for topic in wanted:
-            while True:  # a just-created topic takes a moment to appear with leaders in metadata
-                try:
-                    meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-                except KafkaException as exc:
-                    raise JournalError(
-                        f"cannot read metadata of topic {topic} from {self.settings.bootstrap_servers}: {exc}"
-                    ) from exc
-                missing = meta is None or (
-                    meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-                )
-                ready = not missing and meta.error is None and all(p.leader >= 0 for p in meta.partitions.values())
-                if ready or (missing and not just_created) or time.monotonic() > deadline:
-                    break
-                time.sleep(0.1)
-            if missing:
-                raise ConfigurationError(
-                    f"topic {topic} does not exist on {self.settings.bootstrap_servers}; "
-                    "open the backend with create_topics=True or create it with the configs of topic_configs()"
-                )
-            if meta.error is not None:
-                raise JournalError(f"topic {topic} metadata error: {_describe(meta.error)}")
-            if len(meta.partitions) != self.partitions:
-                raise ConfigurationError(
-                    f"topic {topic} has {len(meta.partitions)} partitions but settings.partitions is "
-                    f"{self.partitions}; records are placed by partition_for(key, partitions), so they must match"
-                )
-        resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in wanted]
-        for resource, future in admin.describe_configs(resources, request_timeout=timeout_s).items():
-            try:
-                entries = future.result()
-            except KafkaException as exc:
-                log.warning("cannot describe configs of topic %s: %s", resource.name, exc)
-                continue
-            policy = entries["cleanup.policy"].value if "cleanup.policy" in entries else None
-            expected = wanted[resource.name]["cleanup.policy"]
-            if policy is not None and set(policy.split(",")) != {expected}:
-                raise ConfigurationError(
-                    f"topic {resource.name} has cleanup.policy={policy}, expected {expected} "
-                    "(events must never be compacted, snapshots must be compacted and never expire)"
-                )
+        # The journal chunks anything larger: the topics' max.message.bytes and the client's own limit,
+        # less room for the key, the record and batch framing, and compression's worst case.
+        topic_limits = [state.max_message_bytes for state in self.topics.values() if state.max_message_bytes]
+        self._topic_max_bytes = min(topic_limits, default=None)
+        client_limit = int(self.settings.librdkafka.get("message.max.bytes", _CLIENT_MESSAGE_MAX_BYTES))
+        self.max_record_bytes = min(*topic_limits, client_limit) - _RECORD_FRAMING_BYTES
 
     # -- producing ------------------------------------------------------------------------
 
@@ -388,9 +357,10 @@ class KafkaBackend(Backend):
             try:
                 producer.init_transactions(max(1.0, deadline - time.monotonic()))
                 return producer
-            except KafkaException as exc:
+            except (KafkaException, SystemError) as raised:
+                exc = _unwrapped(raised)
                 err = _kafka_error(exc)
-                where = f"init_transactions of transactional id {self.settings.transactional_id} on {self.settings.bootstrap_servers}"
+                where = f"init_transactions of transactional id {self.transactional_id} on {self.settings.bootstrap_servers}"
                 if err is not None and err.retriable() and not err.fatal() and time.monotonic() < deadline:
                     log.warning("%s: %s; retrying", where, _describe(err))
                     time.sleep(backoff)
@@ -421,7 +391,8 @@ class KafkaBackend(Backend):
         if self._closed:
             raise JournalClosedError(f"Kafka backend for {self.events_topic} is closed")
         if self._failed is not None:
-            raise FatalJournalError(
+            fenced = isinstance(self._failed, ProducerFencedError)  # stays "fenced" for every later caller
+            raise (ProducerFencedError if fenced else FatalJournalError)(
                 f"commit refused: the producer of transactional id {self.transactional_id} failed earlier "
                 f"({self._failed}); open a new backend (its producer fences this one)"
             ) from self._failed
@@ -436,6 +407,9 @@ class KafkaBackend(Backend):
         if not records:
             self._check_writable()
             return []
+        for record in records:
+            if record.value is None and record.stream is Stream.EVENTS:  # as the file backend: readers would choke
+                raise ValueError(f"event record {record.key!r} has no value; only snapshots take tombstones")
         if not self.transactional:
             return self._commit_plain(records)
         return self.stage(records).commit()
@@ -477,15 +451,17 @@ class KafkaBackend(Backend):
                     )
                     break
                 except BufferError:  # local queue full: serve delivery reports, then retry
-                    producer.poll(0.05)
-                except KafkaException as exc:
+                    self._serving_reports(producer, lambda: producer.poll(0.05), in_txn)
+                except (KafkaException, SystemError) as raised:
+                    exc = _unwrapped(raised)
                     err = _kafka_error(exc)
                     if err is not None and err.retriable() and not err.fatal() and time.monotonic() < deadline:
-                        producer.poll(_BACKOFF_FIRST_S)
+                        self._serving_reports(producer, lambda: producer.poll(_BACKOFF_FIRST_S), in_txn)
                         continue
                     self._raise_classified(producer, exc, f"producing to topic {topic} partition {partition}", in_txn)
         while True:
-            remaining = producer.flush(max(0.0, min(1.0, deadline - time.monotonic())))
+            remaining = self._serving_reports(
+                producer, lambda: producer.flush(max(0.0, min(1.0, deadline - time.monotonic()))), in_txn)
             if remaining == 0:
                 break
             if time.monotonic() >= deadline:
@@ -494,11 +470,13 @@ class KafkaBackend(Backend):
                     self._abort_transaction(producer, reason=what)
                     raise AbortableCommitError(f"transactional id {self.transactional_id}: {what}; batch aborted")
                 self._fail(FatalJournalError(f"{what} (non-transactional producer)"))
-        if deliveries.errors:
-            index, err, topic, partition = deliveries.errors[0]
+        failed = deliveries.errors()
+        if failed:
+            index, err = failed[0]
+            topic, partition = topics[records[index].stream], partition_for(records[index].partition_key, n)
             where = (
                 f"delivery of record {index} (key {records[index].key!r}) to topic {topic} partition {partition} "
-                f"failed: {_describe(err)}" + (f" (and {len(deliveries.errors) - 1} more)" if len(deliveries.errors) > 1 else "")
+                f"failed: {_describe(err)}" + (f" (and {len(failed) - 1} more)" if len(failed) > 1 else "")
             )
             if not in_txn:
                 self._fail(FatalJournalError(f"{where}; a prefix of the batch may be written (non-transactional)"))
@@ -508,7 +486,18 @@ class KafkaBackend(Backend):
                 self._fail(FatalJournalError(f"transactional id {self.transactional_id}: {where}"))
             self._abort_transaction(producer, reason=where)
             raise AbortableCommitError(f"transactional id {self.transactional_id}: {where}; batch aborted, redo it")
-        return deliveries.locations  # type: ignore[return-value]  # every entry set: no errors, none pending
+        return deliveries.locations()
+
+    def _serving_reports(self, producer: Producer, call: Callable[[], Any], in_txn: bool) -> Any:
+        """``poll``/``flush``: a fatal error they raise (fenced) is classified, never passed on raw."""
+        try:
+            return call()
+        except (KafkaException, SystemError) as raised:
+            exc = _unwrapped(raised)
+            err = _kafka_error(exc)
+            if err is not None and err.code() == KafkaError._TIMED_OUT and not err.fatal():
+                return len(producer)  # nothing delivered in time yet: the caller's deadline decides
+            self._raise_classified(producer, exc, "flush", in_txn)
 
     def _note_committed(self, locations: Sequence[RecordLocation]) -> None:
         ends = self._committed_end
@@ -538,7 +527,8 @@ class KafkaBackend(Backend):
             try:
                 producer.abort_transaction(max(1.0, deadline - time.monotonic()))
                 return
-            except KafkaException as exc:
+            except (KafkaException, SystemError) as raised:
+                exc = _unwrapped(raised)
                 err = _kafka_error(exc)
                 if err is not None and err.retriable() and not err.fatal() and time.monotonic() < deadline:
                     time.sleep(backoff)
@@ -562,7 +552,8 @@ class KafkaBackend(Backend):
                 else:
                     call()
                 return
-            except KafkaException as exc:
+            except (KafkaException, SystemError) as raised:
+                exc = _unwrapped(raised)
                 err = _kafka_error(exc)
                 if (
                     err is not None and err.retriable() and not err.fatal() and not err.txn_requires_abort()
@@ -611,7 +602,8 @@ class KafkaBackend(Backend):
     def _fail(self, error: JournalError, cause: BaseException | None = None) -> None:
         """Mark the backend failed (no more commits) and raise ``error``."""
         self._failed = error
-        log.error("%s", error)
+        # Being fenced is a takeover, not a fault of this process: the caller reports it once.
+        log.log(logging.INFO if isinstance(error, ProducerFencedError) else logging.ERROR, "%s", error)
         if cause is not None:
             raise error from cause
         raise error
@@ -805,9 +797,17 @@ class KafkaBackend(Backend):
                     remaining = producer.flush(self.settings.operation_timeout_ms / 1000)
                     if remaining:
                         log.error("closing producer %s with %d undelivered records", self.transactional_id, remaining)
-                except KafkaException as exc:
+                except (KafkaException, SystemError) as exc:
                     log.warning("flushing producer %s on close: %s", self.transactional_id, exc)
-            _close_client(producer)
+                _close_client(producer)
+            else:
+                # Producer.close() aborts the open transaction first; a fenced or fatally failed producer
+                # cannot, and says so with a RuntimeWarning. The failure was raised already: log it only.
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    _close_client(producer)
+                for warning in caught:
+                    log.debug("closing failed producer %s: %s", self.transactional_id, warning.message)
         for consumer in consumers:
             _close_client(consumer)
 

@@ -101,11 +101,15 @@ class KafkaSettings(BaseModel):
     namespace: str
     """Topic prefix: topics are ``<namespace>.events`` and ``<namespace>.snapshots``."""
     partitions: int = Field(8, ge=1)
-    replication_factor: int = Field(1, ge=1)
-    min_insync_replicas: int = Field(1, ge=1)
+    replication_factor: int | None = Field(None, ge=1)
+    """None: the broker's ``default.replication.factor``. An existing topic with fewer replicas is refused."""
+    min_insync_replicas: int | None = Field(None, ge=1)
+    """None: the cluster's. An asked value above the topic's is applied to it; one below is never applied
+    (rollout-journal never lowers ``min.insync.replicas``)."""
     transactional_id: str | None = None
     """The worker's stable slot name (``worker-0``). Required to commit; readers leave it unset
-    so they never fence the worker that owns the slot."""
+    so they never fence the worker that owns the slot. The producer's ``transactional.id`` is
+    ``<namespace>.<slot>`` (:attr:`producer_transactional_id`)."""
     transaction_timeout_ms: int = Field(60_000, ge=1000, le=900_000)
     events_retention_ms: int = Field(-1, ge=-1)
     """-1 keeps events forever: they are the audit trail."""
@@ -179,7 +183,8 @@ class KafkaSettings(BaseModel):
 
     @model_validator(mode="after")
     def _isr_fits_replicas(self) -> "KafkaSettings":
-        if self.min_insync_replicas > self.replication_factor:
+        if None not in (self.min_insync_replicas, self.replication_factor) \
+                and self.min_insync_replicas > self.replication_factor:  # type: ignore[operator]
             raise ValueError(
                 f"min_insync_replicas={self.min_insync_replicas} exceeds replication_factor="
                 f"{self.replication_factor}: every acks=all write would fail"
@@ -195,6 +200,14 @@ class KafkaSettings(BaseModel):
     @property
     def snapshots_topic(self) -> str:
         return f"{self.namespace}.snapshots"
+
+    @property
+    def producer_transactional_id(self) -> str | None:
+        """``<namespace>.<slot>``: Kafka fences by ``transactional.id`` across the whole cluster,
+        so a bare slot name (``worker-0``) would let a job in another namespace fence this one.
+        The per-partition writers of a worker fleet use the slots ``p<N>`` (``<namespace>.p<N>``),
+        so a single worker's slot should not be named ``p<N>``."""
+        return None if self.transactional_id is None else f"{self.namespace}.{self.transactional_id}"
 
     # -- secrets stay out of repr/str/logs ---------------------------------------------------
 

@@ -18,7 +18,8 @@ def is_kafka_url(location: str) -> bool:
 
 
 def open_backend(location: str, *, writer: str = "worker-0", read_only: bool = False) -> Backend:
-    """A backend for ``location``; ``writer`` is the stable worker slot (Kafka ``transactional.id``)."""
+    """A backend for ``location``; ``writer`` is the stable worker slot (on Kafka the producer's
+    ``transactional.id`` is ``<namespace>.<writer>``)."""
     if is_kafka_url(location):
         from .kafka_backend import KafkaBackend  # imported lazily: file users need no broker client
         from .kafka_config import KafkaSettings

@@ -1,9 +1,12 @@
 """Restore, the journal half: what attempt N+1 needs to continue each rollout.
 
 Reads the compacted snapshot stream to its end, then replays, for every
-rollout still in it, only the events after its snapshot. The cost grows with
-the number of rollouts in the snapshot stream and the events since their
-snapshots, never with the whole history. Folding those events into a running
+unfinished rollout still in it, only the events after its snapshot. A rollout
+whose newest snapshot is final (finished, not yet acknowledged) is taken from
+that snapshot alone: its result is in it, and reading from its old cursor
+would read everything its partition-mates wrote since. The cost grows with the
+number of rollouts in the snapshot stream and the unfinished ones' tails, never
+with the whole history. Folding those events into a running
 rollout is the participants' job (they know what the state means).
 """
 
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 from .errors import SnapshotsLostError
 from .events import WorkloadRegistered
 from .journal import Cursor, Journal, JournaledEvent, ReadReport
-from .snapshots import Fence, LoadedSnapshot
+from .snapshots import RUNNING, Fence, LoadedSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +60,12 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
         else:
             s = loaded.snapshot
             cursor = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
-            journal.note_blob(rollout_id, s.blob)
+        if rollout_id in index.slots:
+            journal.note_snapshot_slots(rollout_id, index.slots[rollout_id])
         if fence is not None and fence.epoch > cursor.epoch:  # its AttemptStarted lies ahead of the cursor
             cursor = Cursor(cursor.offset, cursor.after_seq, fence.epoch, resume_seq=fence.seq)
+        elif loaded is not None and loaded.snapshot.status != RUNNING:
+            continue  # final: nothing of it follows its snapshot, so it must not pin where the read starts
         cursors[rollout_id] = cursor
     for rollout_id in _rollouts_only_the_log_names(journal, set(histories)):
         log.warning("rollout %s is missing from the damaged snapshot stream; replaying it from its first event",

@@ -3,8 +3,15 @@ loading the newest valid one per rollout.
 
 A snapshot only bounds restore time; the recovery point is the last committed
 turn. So a snapshot that proves corrupt is not fatal: the loader falls back to
-the previous retained snapshot of that rollout (inline snapshots; a superseded
-blob's chunks are tombstoned), or to none (a full replay).
+the previous snapshot of that rollout, or to none (a full replay).
+
+That previous snapshot must survive log compaction, which keeps one value per
+key: a rollout's snapshots alternate between two keys, ``<rollout>`` (slot 0,
+the only key of journals written by 0.1.0, still read as such) and
+``<rollout>/snapshot/1`` (slot 1). A new snapshot overwrites the slot that does
+not hold the newest valid one, so after compaction the newest and the one
+before it remain, each with its blob chunks (a blob is tombstoned only once no
+slot refers to it). Acknowledgement tombstones both slots.
 
 The stream also holds each rollout's fence: ``<rollout>/fence`` is the
 ``AttemptStarted`` of its newest attempt, written in the same commit. A
@@ -24,10 +31,13 @@ from .codec import Codec
 from .errors import CorruptRecordError, JournalError, RecordLocation
 from .events import AttemptStarted, BlobChunk, BlobRef, Header, Snapshot, WorkloadRegistered
 
+RUNNING = "running"  # a snapshot status: events may follow it; any other status is final
 BLOB_MARK = "/blob/"
 FENCE_SUFFIX = "/fence"
 WORKLOAD_SUFFIX = "/workload"
 LEGACY_WORKLOAD_PREFIX = "workload:"  # 0.1.0 kept a workload's registration as a pseudo-rollout snapshot
+SLOT_ONE_SUFFIX = "/snapshot/1"
+SLOTS = 2
 
 
 def fence_key(rollout_id: str) -> str:
@@ -36,6 +46,23 @@ def fence_key(rollout_id: str) -> str:
 
 def workload_key(name: str) -> str:
     return name + WORKLOAD_SUFFIX
+
+
+def snapshot_key(rollout_id: str, slot: int) -> str:
+    """Slot 0 is the rollout id itself (the single key of the 0.1.0 layout)."""
+    return rollout_id if slot == 0 else rollout_id + SLOT_ONE_SUFFIX
+
+
+def _slot_of(key: str) -> tuple[str, int] | None:
+    """(rollout, slot) of a snapshot key; None for a fence, a blob chunk or anything else."""
+    if key.startswith(LEGACY_WORKLOAD_PREFIX):
+        return None
+    if "/" not in key:
+        return key, 0
+    rollout_id = key[: -len(SLOT_ONE_SUFFIX)]
+    if key.endswith(SLOT_ONE_SUFFIX) and "/" not in rollout_id:
+        return rollout_id, 1
+    return None
 
 
 def blob_chunk_key(rollout_id: str, sha256: str, index: int) -> str:
@@ -47,7 +74,7 @@ class SnapshotDraft:
     """What a participant hands the journal; the journal adds where replay starts."""
 
     header: Header
-    status: str  # "running" | "finished"
+    status: str  # RUNNING, or final: "finished" (or the runner's "registered" marker), no events follow
     covers_seq: int
     state: bytes
 
@@ -69,6 +96,19 @@ class Fence:
     location: RecordLocation
 
 
+@dataclass(frozen=True)
+class SnapshotSlots:
+    """What a writer must know of a rollout's two snapshot keys: the slot to keep (it holds the
+    newest valid snapshot; None: neither does) and the blob each slot's snapshot refers to."""
+
+    keep: int | None = None
+    blobs: tuple[BlobRef | None, ...] = (None,) * SLOTS
+
+    @property
+    def next_slot(self) -> int:
+        return 0 if self.keep is None else 1 - self.keep
+
+
 @dataclass
 class SnapshotIndex:
     """Newest valid snapshot per rollout, its fence, and what was wrong with newer ones."""
@@ -77,6 +117,7 @@ class SnapshotIndex:
     fences: dict[str, Fence] = field(default_factory=dict)
     workloads: dict[str, WorkloadRegistered] = field(default_factory=dict)
     errors: list[JournalError] = field(default_factory=list)
+    slots: dict[str, SnapshotSlots] = field(default_factory=dict)  # for the writer that continues these rollouts
 
 
 def snapshot_records(
@@ -85,12 +126,14 @@ def snapshot_records(
     replay_partition: int,
     replay_offset: int,
     inline_limit: int,
-    previous_blob: BlobRef | None,
-) -> tuple[list[OutRecord], BlobRef | None]:
-    """The records that write ``draft``: blob chunks (if large), tombstones for the
-    previous blob's chunks, then the snapshot itself."""
+    slots: SnapshotSlots,
+) -> tuple[list[OutRecord], SnapshotSlots]:
+    """The records that write ``draft`` into the slot ``slots`` does not keep: blob chunks (if
+    large and not stored already), tombstones for the overwritten slot's blob, then the snapshot."""
     rollout_id = draft.header.rollout_id
+    slot = slots.next_slot
     digest = hashlib.sha256(draft.state).hexdigest()
+    stored_blobs = {blob.sha256 for blob in slots.blobs if blob is not None}
     records: list[OutRecord] = []
     blob: BlobRef | None = None
     inline = draft.state
@@ -98,17 +141,28 @@ def snapshot_records(
         count = -(-len(draft.state) // inline_limit)
         blob = BlobRef(digest, len(draft.state), count)
         inline = b""
-        if previous_blob is None or previous_blob.sha256 != digest:
+        if digest not in stored_blobs:
             for i in range(count):
                 chunk = BlobChunk(digest, i, count, draft.state[i * inline_limit:(i + 1) * inline_limit])
                 records.append(OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, digest, i),
                                          codec.encode(chunk), rollout_id))
-    if previous_blob is not None and (blob is None or previous_blob.sha256 != blob.sha256):
-        records.extend(blob_tombstones(rollout_id, previous_blob))
+    blobs = list(slots.blobs)
+    overwritten, blobs[slot] = blobs[slot], blob
+    if overwritten is not None and overwritten.sha256 not in {b.sha256 for b in blobs if b is not None}:
+        records.extend(blob_tombstones(rollout_id, overwritten))
     snapshot = Snapshot(draft.header, draft.status, draft.covers_seq, replay_partition, replay_offset,
                         inline, digest, blob)
-    records.append(OutRecord(Stream.SNAPSHOTS, rollout_id, codec.encode(snapshot), rollout_id))
-    return records, blob
+    records.append(OutRecord(Stream.SNAPSHOTS, snapshot_key(rollout_id, slot), codec.encode(snapshot), rollout_id))
+    return records, SnapshotSlots(slot, tuple(blobs))
+
+
+def tombstone_records(rollout_id: str, slots: SnapshotSlots | None) -> list[OutRecord]:
+    """Everything a rollout holds in the snapshot stream, tombstoned: both slots, the fence, the
+    blobs the writer knows of (a blob it never learned of stays until the topic is deleted)."""
+    records = [OutRecord(Stream.SNAPSHOTS, key, None, rollout_id)
+               for key in (*(snapshot_key(rollout_id, slot) for slot in range(SLOTS)), fence_key(rollout_id))]
+    blobs = {} if slots is None else {blob.sha256: blob for blob in slots.blobs if blob is not None}
+    return [record for blob in blobs.values() for record in blob_tombstones(rollout_id, blob)] + records
 
 
 def blob_tombstones(rollout_id: str, blob: BlobRef) -> list[OutRecord]:
@@ -131,14 +185,34 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
                 index.workloads[key[len(LEGACY_WORKLOAD_PREFIX):]] = _legacy_workload(codec, records[-1])
         except JournalError as exc:
             index.errors.append(exc)
-    candidates = {key: records for key, records in latest.items()
-                  if "/" not in key and not key.startswith(LEGACY_WORKLOAD_PREFIX)}
-    for rollout_id, records in candidates.items():
+    candidates: dict[str, list[tuple[int, StoredRecord]]] = {}
+    for key, records in latest.items():
+        slot_of = _slot_of(key)
+        if slot_of is not None:
+            candidates.setdefault(slot_of[0], []).extend((slot_of[1], record) for record in records)
+    for rollout_id, found in candidates.items():
         index.snapshots[rollout_id] = None
         fence = index.fences.get(rollout_id)
-        for record in reversed(records):
+        blobs: list[BlobRef | None] = [None] * SLOTS
+        keep_slot: int | None = None
+        seen_slots: set[int] = set()
+        # Both keys live in the rollout's partition: their offsets order them.
+        for slot, record in sorted(found, key=lambda item: item[1].location.offset, reverse=True):
+            newest_of_slot = slot not in seen_slots
+            seen_slots.add(slot)
+            if index.snapshots[rollout_id] is not None and not newest_of_slot:
+                continue  # found, and this value is gone at the next compaction: nothing to learn from it
             try:
-                loaded = _verified(codec, record, chunks)
+                snapshot = codec.decode(record.value, record.location)
+            except JournalError as exc:
+                index.errors.append(exc)
+                continue
+            if newest_of_slot and isinstance(snapshot, Snapshot):
+                blobs[slot] = snapshot.blob  # what the slot's current value refers to
+            if index.snapshots[rollout_id] is not None:
+                continue
+            try:
+                loaded = _verified(codec, rollout_id, record, snapshot, chunks)
             except JournalError as exc:
                 index.errors.append(exc)
                 continue
@@ -149,7 +223,10 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
                                      f"was written after the fence of epoch {fence.epoch}: a zombie attempt's; ignored"))
                 continue
             index.snapshots[rollout_id] = loaded
-            break
+            # Keep the slot holding it; if it is an older value of its key (whose newest is bad), compaction will
+            # drop it anyway: keep the other slot instead, and overwrite the bad one.
+            keep_slot = slot if newest_of_slot else 1 - slot
+        index.slots[rollout_id] = SnapshotSlots(keep_slot, tuple(blobs))
     return index
 
 
@@ -182,21 +259,21 @@ def _legacy_workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
     return WorkloadRegistered(record.key[len(LEGACY_WORKLOAD_PREFIX):], "{}", list(ids), "", h.ts_ms, h.writer)
 
 
-def _verified(codec: Codec, record: StoredRecord, chunks: dict[str, StoredRecord]) -> LoadedSnapshot:
-    snapshot = codec.decode(record.value, record.location)
+def _verified(codec: Codec, rollout_id: str, record: StoredRecord, snapshot: object,
+              chunks: dict[str, StoredRecord]) -> LoadedSnapshot:
     if not isinstance(snapshot, Snapshot):
         raise CorruptRecordError(record.location, f"expected a Snapshot, found {type(snapshot).__name__}")
-    state = snapshot.state if snapshot.blob is None else b"".join(_blob_parts(codec, record, snapshot, chunks))
+    state = snapshot.state if snapshot.blob is None else b"".join(_blob_parts(codec, rollout_id, record, snapshot, chunks))
     if hashlib.sha256(state).hexdigest() != snapshot.state_sha256:
-        raise CorruptRecordError(record.location, f"snapshot of rollout {record.key} fails its SHA-256 check")
+        raise CorruptRecordError(record.location, f"snapshot of rollout {rollout_id} fails its SHA-256 check")
     return LoadedSnapshot(snapshot, state, record.location)
 
 
-def _blob_parts(codec: Codec, record: StoredRecord, snapshot: Snapshot,
+def _blob_parts(codec: Codec, rollout_id: str, record: StoredRecord, snapshot: Snapshot,
                 chunks: dict[str, StoredRecord]) -> Iterator[bytes]:
     blob = snapshot.blob
     for i in range(blob.chunks):
-        stored = chunks.get(blob_chunk_key(record.key, blob.sha256, i))
+        stored = chunks.get(blob_chunk_key(rollout_id, blob.sha256, i))
         if stored is None:
             raise CorruptRecordError(record.location, f"snapshot blob {blob.sha256[:12]} lacks chunk {i}/{blob.chunks}")
         chunk = codec.decode(stored.value, stored.location)

@@ -29,9 +29,10 @@ from typing import Protocol
 
 import numpy as np
 
+from journal.anchoring import HeadSigner
 from journal.events import (
-    AttemptFenced, AttemptStarted, Header, Message, ResourceMutation, RolloutEvent, RolloutFinished, SamplingParams,
-    TurnCompleted,
+    AttemptFenced, AttemptStarted, ChainHead, Header, Message, ResourceMutation, RolloutEvent, RolloutFinished,
+    SamplingParams, TurnCompleted,
 )
 from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
@@ -148,9 +149,12 @@ class LiveRollout:
 class Agent:
     def __init__(self, config: WorkloadConfig, model: ModelParticipant, tokenizer: ChatTokenizer,
                  sink: TurnSink, *, writer: str,
-                 on_durable: Callable[[str, int], None] = lambda rollout_id, turn: None) -> None:
-        """``on_durable(rollout_id, turn)`` is called once each turn is durable."""
+                 on_durable: Callable[[str, int], None] = lambda rollout_id, turn: None,
+                 signer: HeadSigner | None = None) -> None:
+        """``on_durable(rollout_id, turn)`` is called once each turn is durable. With a ``signer``,
+        every turn that mutates a resource also journals a signed checkpoint of the chain heads."""
         self.config = config
+        self.signer = signer if sink.journals else None
         self.model = model
         self.tokenizer = tokenizer
         self.sink = sink
@@ -266,6 +270,8 @@ class Agent:
             await asyncio.sleep(self.config.turn_delay_ms / 1000.0)
         for record in records:
             self._applied(state, mutation_event(state.header(self.writer), record), events)
+        if records and self.signer is not None:  # anchored in the same append as the mutations it covers
+            self._applied(state, self.head_checkpoint(live, turn), events)
         messages = [Message("assistant", action), Message("tool", observation.text)]
         last = observation.done or turn + 1 >= self.config.max_turns
         reward = env.verify() if last else None
@@ -288,6 +294,11 @@ class Agent:
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
         live.in_flight.append((self.sink.submit(events, snapshot), turn))
         await self._durable(live, keep=self.config.turns_in_flight - 1)
+
+    def head_checkpoint(self, live: LiveRollout, turn: int) -> RolloutEvent:
+        """The signed heads of every resource of the rollout, in this life of it."""
+        heads = [ChainHead(rid, r.revision, r.chain_hash) for rid, r in sorted(live.env.resources.items())]
+        return self.signer.checkpoint(live.state.header(self.writer, turn=turn), live.state.restarts, heads)
 
     async def _durable(self, live: LiveRollout, keep: int) -> None:
         """Wait (oldest first) until at most ``keep`` of the rollout's turns are not yet durable."""

@@ -16,7 +16,8 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from journal.errors import ConfigurationError
+from journal.anchoring import HeadSigner
+from journal.errors import ConfigurationError, JournalClosedError
 from journal.events import Header, RolloutAcknowledged, WorkloadRegistered
 from journal.journal import Journal
 from journal.restore import RolloutHistory, load_rollouts
@@ -50,12 +51,40 @@ class RolloutReport:
 
 
 @dataclass
+class RestoreTiming:
+    """Where a run's restore went, in seconds, before any rollout ran a new turn.
+
+    Reading the journal is rarely the bulk: a restart-only sandbox starts a new
+    interpreter per rollout, and an exported state is imported and its mutations
+    re-applied, so each phase is reported on its own."""
+
+    read_s: float = 0.0  # the snapshot stream and the events since each snapshot
+    fold_s: float = 0.0  # applying those events to every rollout's aggregate
+    rebuild_s: float = 0.0  # resumed rollouts' environments: started, exports imported, mutations re-applied
+    fence_s: float = 0.0  # the resumed attempts' AttemptStarted made durable (a fresh run: 0)
+
+    @property
+    def total_s(self) -> float:
+        return self.read_s + self.fold_s + self.rebuild_s + self.fence_s
+
+    def as_ms(self) -> dict[str, float]:
+        phases = {"read": self.read_s, "fold": self.fold_s, "rebuild": self.rebuild_s, "fence": self.fence_s,
+                  "total": self.total_s}
+        return {name: round(seconds * 1000, 2) for name, seconds in phases.items()}
+
+
+@dataclass
 class RunReport:
     rollouts: dict[str, RolloutReport] = field(default_factory=dict)
-    restore_seconds: float = 0.0
+    restore: RestoreTiming = field(default_factory=RestoreTiming)
     events_replayed: int = 0
     run_seconds: float = 0.0
     read_errors: list[str] = field(default_factory=list)
+
+    @property
+    def restore_seconds(self) -> float:
+        """The whole restore: reading, folding, rebuilding environments and writing the fences."""
+        return self.restore.total_s
 
     @property
     def turns_run(self) -> int:
@@ -77,19 +106,23 @@ ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that tu
 class Runner:
     def __init__(self, config: WorkloadConfig, journal: Journal | None, backend: GenerationBackend,
                  tokenizer: ChatTokenizer, *, progress: ProgressCallback | None = None,
-                 exporter: StateExporter | None = None, hold_until_acknowledged: bool = False) -> None:
+                 exporter: StateExporter | None = None, hold_until_acknowledged: bool = False,
+                 signer: HeadSigner | None = None) -> None:
         """``hold_until_acknowledged`` keeps a finished rollout waiting for the trainer's
         acknowledgement (``acknowledge``) before the run may end, as a GRPO trainer holds a
-        prompt group until every sibling is in."""
+        prompt group until every sibling is in. ``signer`` anchors the resources' chain heads
+        (``HeadSigner.from_environment()`` is what ``run_workload`` passes)."""
         self.config = config
         self.journal = journal
         self.model = ModelParticipant(backend, max_in_flight=config.model.max_concurrent_calls)
         sink = JournalSink(journal) if journal is not None and config.journaling else NullSink()
         self.progress = progress or (lambda rollout_id, turn: None)
-        self.agent = Agent(config, self.model, tokenizer, sink, writer=config.writer, on_durable=self.progress)
+        self.agent = Agent(config, self.model, tokenizer, sink, writer=config.writer, on_durable=self.progress,
+                           signer=signer)
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}
         self.hold_until_acknowledged = hold_until_acknowledged
+        self.restore = RestoreTiming()  # of the current run; _prepare adds its folding and rebuilding
         self.checkpointer: CoordinatedCheckpointer | None = None
         if config.checkpoint_mode == "coordinated" and journal is not None and config.journaling:
             self.checkpointer = CoordinatedCheckpointer(
@@ -101,6 +134,7 @@ class Runner:
         once they have that many committed turns (a crash at a turn boundary, for
         tests and for forking)."""
         report = RunReport()
+        self.restore = report.restore
         started = time.perf_counter()
         histories: dict[str, RolloutHistory] = {}
         registration: WorkloadRegistered | None = None
@@ -111,7 +145,7 @@ class Runner:
             histories = plan.rollouts
             workloads = plan.workloads
             registration = workloads.get(self.config.name)
-            report.restore_seconds, report.events_replayed = plan.seconds, plan.events_replayed
+            report.restore.read_s, report.events_replayed = plan.seconds, plan.events_replayed
             report.read_errors = [str(e) for e in plan.report.errors]
             if not resume and (registration is not None or {s.rollout_id for s in specs} & histories.keys()):
                 raise ConfigurationError(
@@ -147,9 +181,13 @@ class Runner:
                 self.states[spec.rollout_id] = live.state
             if commit is not None:
                 first_commits.append(commit)
+        fencing = time.perf_counter()
         await asyncio.gather(*first_commits)
+        if histories:  # the resumed attempts' fences (a new rollout's first commit rides along, one group commit)
+            report.restore.fence_s = time.perf_counter() - fencing
         if self.journal is not None and self.config.journaling and registered != own_ids:
-            await self._register_workload([s for s in specs if s.rollout_id in own_ids])  # after the first commits: a registered rollout has a snapshot
+            # after the first commits: a registered rollout has a snapshot
+            await self._register_workload([s for s in specs if s.rollout_id in own_ids])
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def drive(live: LiveRollout) -> None:
@@ -196,8 +234,9 @@ class Runner:
                     group.create_task(stop_checkpoints())
         except BaseExceptionGroup as failures:
             first, *others = failures.exceptions
-            for other in others:
-                log.error("rollout task also failed: %r", other)
+            for other in others:  # a journal's fatal error (or its stop) fails every waiting rollout alike
+                if other is not first and not isinstance(other, JournalClosedError):
+                    log.error("rollout task also failed: %r", other)
             raise first from None
 
     async def _register_workload(self, specs: list[RolloutSpec]) -> None:
@@ -220,13 +259,16 @@ class Runner:
             live = LiveRollout(spec, state, self._new_environment(spec))
             events = self.agent.start_attempt(live, resumed_from_turn=0, reason="new rollout")
             return live, RolloutReport(spec.rollout_id, 0, 0, 0, False, False), self.agent.begin(live, events)
+        folding = time.perf_counter()
         state = restore_state(history, spec.group_id)
+        self.restore.fold_s += time.perf_counter() - folding
         self.states[spec.rollout_id] = state  # a finished result may still be acknowledged
         committed = state.next_turn
         if state.acknowledged:  # the trainer took it (its snapshot tombstone may be lost; the event is not)
             return None, RolloutReport(spec.rollout_id, committed, 0, 0, False, False, acknowledged=True), None
         if state.finished:
             return None, RolloutReport(spec.rollout_id, committed, 0, 0, False, True, state.outcome), None
+        rebuilding = time.perf_counter()  # a restart-only environment's cost is starting it again
         env = self._new_environment(spec)
         restart = env.recovery is Recovery.RESTART_ONLY and committed > 0
         if restart:
@@ -239,6 +281,7 @@ class Runner:
                 raise
             reason = (f"continue fork of {spec.forked_from} from turn {committed}"
                       if spec.forked_from and state.attempt == 1 else f"resume after crash at turn {committed}")
+        self.restore.rebuild_s += time.perf_counter() - rebuilding
         live = LiveRollout(spec, state, env)
         events = self.agent.start_attempt(live, resumed_from_turn=0 if restart else committed, reason=reason)
         return live, RolloutReport(spec.rollout_id, committed, 0, 0, restart, False), self.agent.commit(events)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 from collections.abc import Callable
 
 import torch
 
+from journal.anchoring import HeadSigner
 from journal.journal import Journal
 from journal.open import open_journal
 
@@ -15,6 +17,8 @@ from .config import WorkloadConfig
 from .runner import Runner, RunReport
 from .tokenizer import default_tokenizer
 from .torch_policy import TinyTorchPolicy
+
+log = logging.getLogger(__name__)
 
 TurnCallback = Callable[[str, int], None]
 
@@ -39,10 +43,14 @@ def open_workload_journal(config: WorkloadConfig) -> Journal:
 
 def run_workload(config: WorkloadConfig, *, resume: bool, on_turn: TurnCallback | None = None,
                  stop_after: dict[str, int] | None = None) -> RunReport:
-    """Run every rollout of ``config`` to the end; with ``resume``, continue what the journal holds."""
+    """Run every rollout of ``config`` to the end; with ``resume``, continue what the journal holds.
+    With ``ROLLOUT_JOURNAL_SIGNING_KEY`` set, every commit of mutations carries signed chain heads."""
     backend = build_backend(config)
     if not config.journaling:
         return asyncio.run(Runner(config, None, backend, backend.tokenizer, progress=on_turn).run(resume=False))
+    signer = HeadSigner.from_environment()
+    if signer is not None:
+        log.info("workload %s: signing chain heads with key id %s", config.name, signer.key_id)
     with open_workload_journal(config) as journal:
-        runner = Runner(config, journal, backend, backend.tokenizer, progress=on_turn)
+        runner = Runner(config, journal, backend, backend.tokenizer, progress=on_turn, signer=signer)
         return asyncio.run(runner.run(resume=resume, stop_after=stop_after))

@@ -9,9 +9,11 @@ import os
 import sys
 from collections.abc import Iterable
 
-from journal.errors import RolloutJournalError
+from journal.errors import RolloutJournalError, writer_fenced
 
 from .terminal import EXIT_ERROR, EXIT_UNVERIFIED, BarProgress, emit
+
+EXIT_FENCED = 3  # run/resume: another process took over this worker slot (Kafka transactional.id)
 
 DESCRIPTION = """\
 Turn-level crash recovery for multi-turn agentic RL rollouts.
@@ -26,6 +28,9 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal replay list --journal runs/journal          the rollouts a journal holds
   rollout-journal replay show demo-g0-s0 --journal runs/journal   one rollout turn by turn
   rollout-journal replay state demo-g0-s0/mail --revision 2 --journal runs/journal
+  rollout-journal replay report demo-g0-s0 --journal runs/journal --html report.html
+  rollout-journal audit --journal runs/journal          every mutation; hash chains and signed heads
+  rollout-journal verify --journal runs/journal         re-apply event-sourced mutations, compare digests
   rollout-journal export --journal kafka://host:9092/ns --out runs/copy
   rollout-journal export-training --journal runs/journal --out rollouts.pt
   rollout-journal fork demo-g0-s0 --at-turn 2 --journal runs/journal
@@ -64,7 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--kill-after", type=int, help="kill after this many committed turns instead of a random point")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    add_replay_commands(sub)
+    replay = add_replay_commands(sub)
+
+    from . import audit, report_html, verify
+    audit.add_command(sub)
+    verify.add_command(sub)
+    report_html.add_command(replay)
 
     from compose.cli import register_kafka_commands
     register_kafka_commands(sub)
@@ -148,7 +158,7 @@ def add_replay_commands(sub: argparse._SubParsersAction) -> argparse._SubParsers
     """``list``, ``show``, ``export``, ``export-training``, ``fork``, and ``replay list|show|state``;
     returns the ``replay`` group, for more of its commands. A command sets ``run`` (its handler:
     open the journal with ``_source``, call one library function, ``emit`` the result)."""
-    replay = sub.add_parser("replay", help="look at a journal: list, show, state (reads only)").add_subparsers(
+    replay = sub.add_parser("replay", help="look at a journal: list, show, state, report (reads only)").add_subparsers(
         dest="replay_command", required=True, metavar="COMMAND")
     for group in (sub, replay):
         p = group.add_parser("list", help="every rollout: group, status, attempts, turns, reward, policy versions")
@@ -258,6 +268,15 @@ def main(argv: list[str] | None = None) -> int:
             return _workload(args, resume=args.command == "resume")
         if args.command == "demo":
             return _demo(args)
+        if args.command == "audit":
+            from . import audit
+            return audit.run_command(args)
+        if args.command == "verify":
+            from . import verify
+            return verify.run_command(args)
+        if args.command == "replay" and args.replay_command == "report":
+            from . import report_html
+            return report_html.run_command(args)
         if hasattr(args, "run"):
             return args.run(args)
         if args.command == "kafka":
@@ -265,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             return run_kafka_command(args)
     except RolloutJournalError as exc:
         print(f"rollout-journal: {exc}", file=sys.stderr)
-        return EXIT_ERROR
+        return EXIT_FENCED if writer_fenced(exc) else EXIT_ERROR
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `rollout-journal show ... | head`: the reader left, nothing is wrong

@@ -1,30 +1,24 @@
 """The newcomer's demo: crash a workload with SIGKILL mid-run, resume it, and
 show that no finished turn was thrown away and the results are identical to an
-uninterrupted run."""
+uninterrupted run. What the restart redid is read from the journal
+(:mod:`replay.redone`), and the restore's time is shown phase by phase."""
 
 from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
-from journal.open import is_kafka_url, open_journal
-from journal.restore import load_rollouts
+from journal.open import is_kafka_url
 from participants.config import WorkloadConfig
-from participants.rollout_state import restore_state
-from participants.runner import RunReport, workload_specs
+from participants.runner import RestoreTiming, RunReport
 from participants.workload import run_workload
 
-PROGRESS_LINE = "turn-committed"
+from .crash import WorkloadChildError, crash_midway
+from .redone import workload_at_crash, workload_redone
 
 
 @dataclass
@@ -33,7 +27,8 @@ class DemoRow:
     turns_at_crash: int
     finished_at_crash: bool
     naive_redo: int  # a restart from turn 1 throws away every turn of an unfinished rollout
-    redone_here: int  # committed turns this restart executed again (restart_only environments)
+    redone_here: int  # committed turns this restart executed again, as the journal shows them
+    redone_tokens_here: int  # output tokens of the model calls of those turns
     turns_after: int
 
 
@@ -45,7 +40,7 @@ class DemoReport:
     identical_to_uninterrupted: bool = False
     differences: list[str] = field(default_factory=list)
     killed_after_turns: int = 0
-    restore_seconds: float = 0.0
+    restore: RestoreTiming = field(default_factory=RestoreTiming)
 
     def as_json(self) -> dict:
         return {
@@ -54,14 +49,16 @@ class DemoReport:
             "rollouts": len(self.rows),
             "turns_committed_at_crash": sum(r.turns_at_crash for r in self.rows),
             "turns_redone": sum(r.redone_here for r in self.rows),
+            "tokens_redone": sum(r.redone_tokens_here for r in self.rows),
             "turns_thrown_away": sum(r.redone_here for r in self.rows),
             "naive_turns_thrown_away": sum(r.naive_redo for r in self.rows),
             "turns_lost": max(0, self.killed_after_turns - sum(r.turns_at_crash for r in self.rows)),
             "identical_to_uninterrupted": self.identical_to_uninterrupted,
             "differences": self.differences,
             "killed_after_turns": self.killed_after_turns,
-            "restore_seconds": round(self.restore_seconds, 4),
-            "per_rollout": [r.__dict__ for r in self.rows],
+            "restore_seconds": round(self.restore.total_s, 4),
+            "restore_ms": self.restore.as_ms(),
+            "per_rollout": [asdict(r) for r in self.rows],
         }
 
 
@@ -71,52 +68,6 @@ def default_demo_config(journal: str | None) -> WorkloadConfig:
     if journal is None:
         journal = str(Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     return base.model_copy(update={"journal": journal})
-
-
-def crash_midway(config: WorkloadConfig, kill_after: int) -> int:
-    """Run the workload in a child process and SIGKILL it once ``kill_after`` turns are durable."""
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(config.model_dump(), f)
-        config_path = f.name
-    child = subprocess.Popen(
-        [sys.executable, "-m", "replay.cli", "run", config_path, "--progress-lines"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )
-    committed = 0
-    try:
-        for line in child.stdout:
-            if line.startswith(PROGRESS_LINE):
-                committed += 1
-                if committed >= kill_after:
-                    child.send_signal(signal.SIGKILL)
-                    break
-        child.wait(timeout=120)
-    finally:
-        if child.poll() is None:
-            child.kill()
-        os.unlink(config_path)
-    if child.returncode != -signal.SIGKILL:
-        raise RuntimeError(
-            f"the workload child exited with {child.returncode} before the crash point "
-            f"({committed} turns committed): {child.stderr.read()[-2000:]}"
-        )
-    return committed
-
-
-def journal_at_crash(config: WorkloadConfig) -> dict[str, tuple[int, bool]]:
-    """Turns committed and finished flag per rollout, read from the journal."""
-    specs = {s.rollout_id: s for s in workload_specs(config)}
-    with open_journal(config.journal, writer=config.writer + "-inspect", read_only=True) as journal:
-        plan = load_rollouts(journal)
-    out = {}
-    for rid, spec in specs.items():
-        history = plan.rollouts.get(rid)
-        if history is None:
-            out[rid] = (0, False)
-            continue
-        state = restore_state(history, spec.group_id)
-        out[rid] = (state.next_turn, state.finished)
-    return out
 
 
 def compare(reference: RunReport, resumed: RunReport) -> list[str]:
@@ -130,9 +81,13 @@ def compare(reference: RunReport, resumed: RunReport) -> list[str]:
 
 
 def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after: int | None = None,
-             say: Callable[[str], None] = lambda message: None) -> DemoReport:
-    """``say`` receives one line per step (the CLI prints them to stderr as progress)."""
-    config = default_demo_config(journal)
+             config: WorkloadConfig | None = None, say: Callable[[str], None] = lambda message: None) -> DemoReport:
+    """Crash ``config`` (default: examples/demo.yaml) and resume it. ``journal`` overrides its
+    journal; ``say`` receives one line per step (the CLI prints them to stderr as progress)."""
+    if config is None:
+        config = default_demo_config(journal)
+    elif journal is not None:
+        config = config.model_copy(update={"journal": journal})
     total_turns = config.groups * config.siblings * config.max_turns
     rng = random.Random(seed)
     if not kill_after:
@@ -146,19 +101,24 @@ def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after:
     say(f"1/4 uninterrupted reference run of {config.groups}x{config.siblings} rollouts, journaling off")
     reference = run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False)
     say(f"2/4 running the workload in a child process, journal {config.journal}; SIGKILL after {kill_after} committed turns")
-    report.killed_after_turns = crash_midway(config, kill_after)
+    killed_after = crash_midway(config, kill_after)
+    if killed_after is None:
+        raise WorkloadChildError(f"the workload child finished all {total_turns} turns before the crash point "
+                                 f"({kill_after} turns); choose a smaller --kill-after")
+    report.killed_after_turns = killed_after
     say("3/4 reading what the journal holds at the crash")
-    at_crash = journal_at_crash(config)
+    at_crash = workload_at_crash(config)
     say("4/4 resuming: attempt N+1 of every unfinished rollout")
     resumed = run_workload(config, resume=True)
-    report.restore_seconds = resumed.restore_seconds
-    for rid, (turns, finished) in sorted(at_crash.items()):
-        r = resumed.rollouts[rid]
+    report.restore = resumed.restore
+    redone = workload_redone(config, at_crash)
+    for rid, before in sorted(at_crash.items()):
+        outcome = resumed.rollouts[rid].outcome
         report.rows.append(DemoRow(
-            rollout_id=rid, turns_at_crash=turns, finished_at_crash=finished,
-            naive_redo=0 if finished else turns,
-            redone_here=turns if r.restarted_from_zero else 0,
-            turns_after=r.outcome["turns"] if r.outcome else 0,
+            rollout_id=rid, turns_at_crash=before.turns, finished_at_crash=before.finished,
+            naive_redo=0 if before.finished else before.turns,
+            redone_here=redone[rid].turns, redone_tokens_here=redone[rid].tokens,
+            turns_after=outcome["turns"] if outcome else 0,
         ))
     report.differences = compare(reference, resumed)
     committed = sum(row.turns_at_crash for row in report.rows)
@@ -179,9 +139,13 @@ def format_table(report: DemoReport) -> str:
     lines.append(f"{'total':<16} {j['turns_committed_at_crash']:>20} {j['naive_turns_thrown_away']:>22} {j['turns_redone']:>19}")
     verdict = "identical to an uninterrupted run" if report.identical_to_uninterrupted else \
         "DIFFERENT from an uninterrupted run: " + "; ".join(report.differences)
+    ms = j["restore_ms"]
     lines.append("")
     lines.append(f"backend {report.backend}, journal {report.journal}; killed with SIGKILL after "
-                 f"{report.killed_after_turns} committed turns; restore took {report.restore_seconds * 1000:.1f} ms")
-    lines.append(f"turns thrown away: {j['turns_thrown_away']} (a restart from turn 1 would throw away "
-                 f"{j['naive_turns_thrown_away']}); tokens, resource states and rewards: {verdict}")
+                 f"{report.killed_after_turns} committed turns")
+    lines.append(f"restore took {ms['total']:.1f} ms: reading the journal {ms['read']:.1f}, folding events "
+                 f"{ms['fold']:.1f}, rebuilding environments {ms['rebuild']:.1f}, writing the fences {ms['fence']:.1f}")
+    lines.append(f"turns thrown away (redone after the restart, as the journal shows): {j['turns_thrown_away']} "
+                 f"({j['tokens_redone']} tokens); a restart from turn 1 would throw away {j['naive_turns_thrown_away']}")
+    lines.append(f"tokens, resource states and rewards: {verdict}")
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import hashlib
 import threading
 from collections.abc import Callable
 
@@ -16,13 +17,14 @@ import numpy as np
 import pytest
 
 from journal.backend import Backend, OutRecord, Stream
-from journal.errors import CorruptRecordError, FencedWriteError, UnknownSchemaError
+from journal.event_chunks import split_event
+from journal.errors import CorruptRecordError, FencedWriteError, OversizedEventError, UnknownSchemaError
 from journal.events import (
     AttemptStarted, Header, Message, ModelCall, RolloutFinished, SamplingParams, TurnCompleted,
 )
 from journal.journal import Cursor, Journal, ReadReport
 from journal.restore import load_rollouts
-from journal.snapshots import SnapshotDraft
+from journal.snapshots import SnapshotDraft, blob_chunk_key
 
 OpenBackend = Callable[[], Backend]
 
@@ -133,6 +135,24 @@ class JournalConformance:
         cursor = Cursor(loaded.snapshot.replay_offset, loaded.snapshot.covers_seq, loaded.snapshot.header.epoch)
         assert [e.event.header.seq for e in journal.read_rollout("r1", cursor)] == [3, 4]
 
+    def test_restore_reads_only_the_tails_of_unfinished_rollouts(self, journal: Journal) -> None:
+        # "done" finished long ago and was never acknowledged; its partition-mate ran on for 30 turns.
+        running = next(r for r in (f"run-{i}" for i in range(100)) if journal.partition_of(r) == journal.partition_of("done"))
+        journal.append_sync([started("done", 0)], SnapshotDraft(header("done", 0), "running", 0, b"done-0"))
+        journal.append_sync([RolloutFinished(header("done", 1), 1.0, 1, "{}")],
+                            SnapshotDraft(header("done", 1), "finished", 1, b"done-final"))
+        journal.append_sync([started(running, 0)])
+        for seq in range(1, 30):
+            journal.append_sync([turn_done(running, seq, turn=seq)])
+        journal.append_sync([turn_done(running, 30, turn=30)], SnapshotDraft(header(running, 30, turn=30), "running", 30, b"r"))
+        journal.append_sync([turn_done(running, 31, turn=31)])
+        journal.append_sync([turn_done(running, 32, turn=32)])
+        plan = load_rollouts(journal)
+        assert plan.rollouts["done"].snapshot.state == b"done-final" and plan.rollouts["done"].events == []
+        assert [e.event.header.seq for e in plan.rollouts[running].events] == [31, 32]
+        # Read: the running rollout's snapshot turn (stepped over by its seq) and the two turns after it.
+        assert plan.report.records_read == 3, f"restore read {plan.report.records_read} records"
+
     def test_tombstone_and_acknowledge_remove_the_snapshot(self, journal: Journal) -> None:
         for r in ("keep", "gone", "acked"):
             journal.append_sync([started(r, 0)], SnapshotDraft(header(r, 0), "running", 0, r.encode()))
@@ -157,6 +177,17 @@ class JournalConformance:
         index = journal.snapshots()
         assert index.snapshots["r1"].state == b"good"
         assert any("r1" in str(e) or "offset" in str(e) or "position" in str(e) for e in index.errors)
+
+    def test_a_large_snapshot_falls_back_to_the_previous_one_and_its_chunks(self, journal: Journal) -> None:
+        rng = np.random.default_rng(1)
+        older, newer = (rng.bytes(2 * journal.inline_snapshot_limit + n) for n in (5, 7))
+        journal.append_sync([started("big", 0)], SnapshotDraft(header("big", 0), "running", 0, older))
+        journal.append_sync([turn_done("big", 1)], SnapshotDraft(header("big", 1, turn=1), "running", 1, newer))
+        lost = blob_chunk_key("big", hashlib.sha256(newer).hexdigest(), 1)  # the newest one loses a chunk
+        journal.backend.commit([OutRecord(Stream.SNAPSHOTS, lost, None, "big")])
+        index = journal.snapshots()
+        assert index.snapshots["big"] is not None and index.snapshots["big"].state == older
+        assert any("lacks chunk 1" in str(e) for e in index.errors)
 
     def test_attempt_n_events_after_the_fence_are_dropped_by_readers(self, journal: Journal, open_backend: OpenBackend) -> None:
         journal.append_sync([started("r1", 0), turn_done("r1", 1)])
@@ -201,6 +232,48 @@ class JournalConformance:
         assert [(e.event.header.seq, e.event.header.epoch) for e in events] == [(2, 2), (3, 2)]
         assert [d.epoch for d in plan.report.fenced] == [1]
 
+    def test_an_event_of_a_few_megabytes_travels_in_pieces_and_reads_back_whole(self, journal: Journal) -> None:
+        big = model_call("big", 1, tokens=1_500_000)  # a long model call: about 6 MB of prompt tokens
+        journal.append_sync([started("big", 0)])
+        # In the same commit as the big one, if the committer gathers them, another rollout's turn.
+        pending = [journal.append([big], SnapshotDraft(header("big", 1), "running", 1, b"after-the-big-call")),
+                   journal.append([started("other", 0), turn_done("other", 1)])]
+        receipt, _ = (future.result(timeout=120) for future in pending)
+        assert len(receipt.locations) == 1  # one event, one location: where its first piece is
+        journal.append_sync([turn_done("big", 2)])
+        read = list(journal.read_rollout("big"))
+        assert [e.event.header.seq for e in read] == [0, 1, 2] and read[1].event == big
+        assert read[1].location == receipt.locations[0]
+        assert [e.event.header.seq for e in journal.read_rollout("other")] == [0, 1]
+        assert [e.event for e in journal.scan() if e.event.header.rollout_id == "big"][1] == big
+        plan = load_rollouts(journal)  # the snapshot covers the big call: restore steps over its pieces by seq
+        assert [e.event.header.seq for e in plan.rollouts["big"].events] == [2] and plan.report.clean
+
+    def test_an_event_over_max_event_bytes_fails_only_its_own_append(self, open_backend: OpenBackend) -> None:
+        with Journal(open_backend(), max_event_bytes=2 * 1024 * 1024) as journal:
+            other = journal.append([started("other", 0)])
+            with pytest.raises(OversizedEventError, match=r"rollout huge turn 3: its ModelCall encodes to \d+ bytes"):
+                journal.append([started("huge", 0), model_call("huge", 1, turn=3, tokens=1_000_000)])
+            assert other.result(timeout=60).locations
+            journal.append_sync([turn_done("other", 1)])  # the writer goes on
+            assert [e.event.header.seq for e in journal.read_rollout("other")] == [0, 1]
+            assert list(journal.read_rollout("huge")) == []
+
+    def test_a_chunked_event_missing_its_last_piece_is_reported(self, journal: Journal) -> None:
+        big = model_call("r1", 1, tokens=400_000)
+        pieces = split_event(journal.codec, big, journal.codec.encode(big), journal.max_record_bytes,
+                             journal.max_event_bytes)
+        assert len(pieces) > 2
+        journal.append_sync([started("r1", 0)])
+        first = journal.backend.commit([OutRecord(Stream.EVENTS, "r1", p, "r1") for p in pieces[:-1]])[0]
+        journal.append_sync([turn_done("r1", 2)])
+        with pytest.raises(CorruptRecordError, match="stops after"):
+            list(journal.read_rollout("r1"))
+        report = ReadReport()
+        assert [e.event.header.seq for e in journal.read_rollout("r1", report=report)] == [0, 2]
+        assert [e.location for e in report.errors] == [first]
+        assert f"stops after {len(pieces) - 1} of its {len(pieces)} pieces" in str(report.errors[0])
+
     def test_a_cancelled_wait_does_not_stop_the_committer(self, journal: Journal) -> None:
         future = journal.append([started("r1", 0)])
         future.cancel()
@@ -219,6 +292,22 @@ class JournalConformance:
         assert [e.event.header.seq for e in journal.read_rollout("r1", report=report)] == [0, 1]
         assert [e.location.offset for e in report.errors] == [bad.offset, wrong_magic.offset]
         assert isinstance(report.errors[1], CorruptRecordError) and "magic" in str(report.errors[1])
+
+    def test_an_event_record_without_a_value_is_refused_at_commit(self, journal: Journal) -> None:
+        with pytest.raises(ValueError, match="r1"):
+            journal.backend.commit([OutRecord(Stream.EVENTS, "r1", None, "r1")])
+        journal.append_sync([started("r1", 0)])  # the writer goes on
+        assert [e.event.header.seq for e in journal.read_rollout("r1")] == [0]
+
+    def test_a_snapshot_stream_record_on_the_events_stream_is_reported(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0)], SnapshotDraft(header("r1", 0), "running", 0, b"s"))
+        snapshot_bytes = next(r.value for r in journal.backend.read_snapshots() if r.key == "r1")
+        loc = journal.backend.commit([OutRecord(Stream.EVENTS, "r1", snapshot_bytes, "r1")])[0]
+        journal.append_sync([turn_done("r1", 1)])
+        for cursor in (Cursor(), Cursor(0, after_seq=0)):  # a full read, and one that peeks seqs
+            report = ReadReport()
+            assert [e.event.header.seq for e in journal.read_rollout("r1", cursor, report)][-1] == 1
+            assert [e.location for e in report.errors] == [loc] and "Snapshot" in str(report.errors[0])
 
     def test_an_unreadable_avro_body_is_named(self, journal: Journal) -> None:
         good = journal.codec.encode(turn_done("r1", 1))

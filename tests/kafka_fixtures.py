@@ -3,110 +3,128 @@
 ``kafka_bootstrap`` picks the first broker that works, in this order:
 
 1. ``KAFKA_BOOTSTRAP_SERVERS`` from the environment (CI service, ``rollout-journal kafka up``);
-2. a testcontainers Kafka container in KRaft mode, when a Docker engine answers;
+2. a broker container started through testcontainers, when a Docker engine answers and the
+   locally built broker image (:mod:`compose.broker_image`) is there: nothing is pulled;
 3. a 1-node broker started from Maven jars by :mod:`compose.local_broker`.
+
+``ROLLOUT_JOURNAL_TEST_BROKER`` pins step 2 or 3: ``jars`` skips the container,
+``container`` insists on it (no fallback); ``auto``, the default, is the order above.
+CI pins ``jars``: both run the same broker jars in one JVM, so a container makes the
+suite no faster, while it would make every Kafka test depend on the engine CI just
+started. The Docker path has tests of its own instead (``tests/test_docker_path.py``),
+which call :func:`require_docker_path`: they skip where Docker is missing, and fail
+where ``ROLLOUT_JOURNAL_EXPECT_DOCKER`` says it should be there (CI).
 
 It never skips: with no broker at all, every test needing one fails with the reasons.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import shutil
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from compose.broker_image import engine_answers, image_name, image_status
 from compose.errors import LocalBrokerError
 from compose.local_broker import LocalKafkaCluster, start_local_cluster
 
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_ENV_VAR = "KAFKA_BOOTSTRAP_SERVERS"
-# Matches the broker settings of the local launcher: transactions work on one node.
-_CONTAINER_IMAGE = "confluentinc/cp-kafka:7.6.0"
-_DOCKER_PING_TIMEOUT_S = 3
+BROKER_ENV_VAR = "ROLLOUT_JOURNAL_TEST_BROKER"
+BROKER_CHOICES = ("auto", "container", "jars")
+# Set by CI after it set up Docker (or tried to): the Docker path's tests then fail, never skip.
+EXPECT_DOCKER_ENV_VAR = "ROLLOUT_JOURNAL_EXPECT_DOCKER"
+DOCKER_SETUP_LOG_ENV_VAR = "ROLLOUT_JOURNAL_DOCKER_SETUP_LOG"
 
 
-def _docker_engine_answers() -> bool:
-    """True if a Docker engine responds within a few seconds.
+def broker_mode() -> str:
+    """The session broker's mode from ``ROLLOUT_JOURNAL_TEST_BROKER`` (default ``auto``)."""
+    mode = os.environ.get(BROKER_ENV_VAR, "").strip().lower() or "auto"
+    if mode not in BROKER_CHOICES:
+        pytest.fail(f"{BROKER_ENV_VAR}={mode!r}: expected one of {', '.join(BROKER_CHOICES)}", pytrace=False)
+    return mode
 
-    The CLI is asked first (it knows about contexts); the SDK only when a socket or
-    DOCKER_HOST exists, since a failed SDK connect leaks an unclosed socket.
-    """
-    if shutil.which("docker") is not None:
+
+def docker_path_problems(*, engine: bool = True, testcontainers: bool = False, compose_tool: bool = False) -> list[str]:
+    """What stops the Docker path here (empty when nothing does): engine and image, and the tools asked for."""
+    problems = []
+    if engine and not engine_answers():
+        problems.append("no Docker engine answers `docker info` (as root: `dockerd --iptables=false --bridge=none &`)")
+    elif engine and not image_status().usable:
+        problems.append(f"the broker image {image_name()} is not built: run `python3 -m compose.broker_image build`")
+    if testcontainers:
         try:
-            done = subprocess.run(
-                ["docker", "info", "--format", "{{.ServerVersion}}"],
-                capture_output=True, timeout=_DOCKER_PING_TIMEOUT_S + 2, stdin=subprocess.DEVNULL,
+            importlib.import_module("testcontainers.core.container")
+        except ImportError:
+            problems.append("testcontainers is not installed: `pip install -e '.[docker]'`")
+    if compose_tool and shutil.which("docker-compose") is None:
+        problems.append("docker-compose is not installed (Debian: `apt-get install docker-compose`)")
+    return problems
+
+
+def choose_session_broker() -> tuple[str, list[str]]:
+    """``("env" | "container" | "jars", reasons)``: which broker ``kafka_bootstrap`` uses, and why not the others."""
+    if os.environ.get(BOOTSTRAP_ENV_VAR, "").strip():
+        return "env", []
+    mode = broker_mode()
+    if mode == "jars":
+        return "jars", [f"{BROKER_ENV_VAR}=jars"]
+    problems = docker_path_problems(testcontainers=True)
+    if mode == "container" or not problems:
+        return "container", problems
+    return "jars", problems
+
+
+def require_docker_path(*, engine: bool = True, testcontainers: bool = False, compose_tool: bool = False) -> None:
+    """Skip the calling test when the Docker path is missing here, or FAIL when CI expected it."""
+    problems = docker_path_problems(engine=engine, testcontainers=testcontainers, compose_tool=compose_tool)
+    if not problems:
+        return
+    text = "the Docker path is not available: " + "; ".join(problems)
+    if os.environ.get(EXPECT_DOCKER_ENV_VAR, "").strip() not in ("", "0"):
+        setup_log = os.environ.get(DOCKER_SETUP_LOG_ENV_VAR, "").strip()
+        tail = ""
+        if setup_log and Path(setup_log).exists():
+            tail = "\n--- tail of the Docker set-up log " + setup_log + "\n" + "\n".join(
+                Path(setup_log).read_text(errors="replace").splitlines()[-30:]
             )
-        except (subprocess.TimeoutExpired, OSError):
-            return False
-        return done.returncode == 0
-    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
-        return False
-    try:
-        import docker  # type: ignore[import-untyped]
-
-        client = docker.from_env(timeout=_DOCKER_PING_TIMEOUT_S)
-        try:
-            return bool(client.ping())
-        finally:
-            client.close()
-    except Exception as exc:  # noqa: BLE001 - any failure (or no SDK) means "no engine"
-        log.debug("no Docker engine via the SDK: %s", exc)
-        return False
-
-
-def _kafka_container_class() -> Any:
-    try:
-        from testcontainers.community.kafka import KafkaContainer  # testcontainers >= 4.15
-    except ImportError:
-        from testcontainers.kafka import KafkaContainer  # older releases
-    return KafkaContainer
-
-
-def _start_container() -> Any:
-    container = (
-        _kafka_container_class()(_CONTAINER_IMAGE)
-        .with_kraft()
-        .with_env("KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR", "1")
-        .with_env("KAFKA_TRANSACTION_STATE_LOG_MIN_ISR", "1")
-        .with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
-    )
-    container.start()
-    return container
+        pytest.fail(f"{text}\n({EXPECT_DOCKER_ENV_VAR} is set: Docker was expected here){tail}", pytrace=False)
+    pytest.skip(text)
 
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Bootstrap servers of a Kafka broker shared by the whole session (see module doc)."""
-    configured = os.environ.get(BOOTSTRAP_ENV_VAR, "").strip()
-    if configured:
-        yield configured
+    choice, reasons = choose_session_broker()
+    if choice == "env":
+        yield os.environ[BOOTSTRAP_ENV_VAR].strip()
         return
 
-    reasons: list[str] = []
-    container = None
-    if _docker_engine_answers():
-        try:
-            container = _start_container()
-        except Exception as exc:  # noqa: BLE001 - fall through to the local broker, keep the reason
-            reasons.append(f"testcontainers Kafka failed: {exc}")
-    else:
-        reasons.append("no Docker engine answered")
-    if container is not None:
-        try:
-            yield container.get_bootstrap_server()
-        finally:
-            container.stop()
-        return
+    if choice == "container":
+        from compose.broker_container import start_broker_container
 
+        if reasons:  # mode "container" with something missing: no fallback
+            pytest.fail(f"{BROKER_ENV_VAR}=container, but: " + "; ".join(reasons), pytrace=False)
+        try:
+            container = start_broker_container()
+        except LocalBrokerError as exc:
+            if broker_mode() == "container":
+                pytest.fail(f"the broker container did not start: {exc}", pytrace=False)
+            log.warning("the broker container did not start (%s); using the jar launcher", exc)
+            reasons.append(f"broker container failed: {exc}")
+        else:
+            with container:
+                yield container.bootstrap_servers
+            return
+
+    log.info("session broker from Maven jars (%s)", "; ".join(reasons) or "default")
     try:
         cluster = start_local_cluster(1, tmp_path_factory.mktemp("kafka-local"))
     except LocalBrokerError as exc:

@@ -8,18 +8,16 @@ import multiprocessing
 import os
 import signal
 import time
-from collections import defaultdict
 from pathlib import Path
 
-from journal.events import AttemptStarted, ResourceMutation
 from journal.journal import ReadReport
 from journal.open import open_journal
 from journal.restore import load_rollouts
 from participants.config import WorkloadConfig
-from participants.resources import verify_chain
-from participants.rollout_state import mutation_record, restore_state
+from participants.rollout_state import restore_state
 from participants.runner import RunReport, workload_specs
 from participants.workload import run_workload
+from replay.audit import audit_events
 
 _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(["participants.workload", "torch"])  # children start in milliseconds
@@ -30,7 +28,8 @@ def reference_outcomes(config: WorkloadConfig) -> dict[str, dict]:
     return run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False).outcomes()
 
 
-def _child(config_json: str, resume: bool, progress_path: str) -> None:
+def _child(config_json: str, resume: bool, progress_path: str, environ: dict[str, str]) -> None:
+    os.environ.update(environ)  # the forkserver's environment is the one it started with
     config = WorkloadConfig.model_validate_json(config_json)
     with open(progress_path, "a", buffering=1) as progress:
         run_workload(config, resume=resume, on_turn=lambda rid, turn: progress.write(f"{rid} {turn}\n"))
@@ -48,11 +47,12 @@ def committed_by_progress(progress_path: Path) -> dict[str, int]:
 
 
 def run_child_and_kill(config: WorkloadConfig, *, resume: bool, kill_after_turns: int, extra_delay_s: float,
-                       progress_path: Path, timeout_s: float = 120.0) -> bool:
-    """Run the workload in a child; SIGKILL it once ``kill_after_turns`` more turns are
-    durable (plus a delay, so the kill lands anywhere). True if it was killed."""
+                       progress_path: Path, timeout_s: float = 120.0, environ: dict[str, str] | None = None) -> bool:
+    """Run the workload in a child (with ``environ`` added to its environment); SIGKILL it
+    once ``kill_after_turns`` more turns are durable (plus a delay, so the kill lands
+    anywhere). True if it was killed."""
     before = sum(1 for _ in progress_path.open()) if progress_path.exists() else 0
-    child = _CTX.Process(target=_child, args=(config.model_dump_json(), resume, str(progress_path)))
+    child = _CTX.Process(target=_child, args=(config.model_dump_json(), resume, str(progress_path), environ or {}))
     child.start()
     deadline = time.monotonic() + timeout_s
     try:
@@ -90,30 +90,16 @@ def journal_turns(config: WorkloadConfig) -> dict[str, tuple[int, bool]]:
 
 
 def assert_no_mutation_applied_twice(config: WorkloadConfig) -> None:
-    """Every resource's journaled mutations form one unbroken hash chain per life
-    (a restart-only resource starts a new one), with no idempotency key twice."""
+    """Every resource's journaled mutations form one unbroken hash chain per life (a
+    restart-only resource starts a new one), with no idempotency key applied twice: what
+    ``rollout-journal audit`` checks, on this workload's rollouts."""
     rollouts = {s.rollout_id for s in workload_specs(config)}
-    chains: dict[str, list[list]] = defaultdict(list)
     report = ReadReport()
     with open_journal(config.journal, writer=f"{config.writer}-audit", read_only=True) as journal:
-        for item in journal.scan(report):
-            event = item.event
-            if event.header.rollout_id not in rollouts:
-                continue
-            if isinstance(event, AttemptStarted) and event.resumed_from_turn == 0:
-                for chain in [c for rid, c in chains.items() if rid.startswith(event.header.rollout_id + "/")]:
-                    chain.append([])
-            if isinstance(event, ResourceMutation):
-                lives = chains[event.resource_id]
-                if not lives:
-                    lives.append([])
-                lives[-1].append(mutation_record(event))
+        _, summary = audit_events((item for item in journal.scan(report) if item.event.header.rollout_id in rollouts),
+                                  report)
     assert not report.errors, report.errors
-    for resource_id, lives in chains.items():
-        for records in lives:
-            verify_chain(resource_id, records)
-            keys = [r.idempotency_key for r in records]
-            assert len(keys) == len(set(keys)), f"{resource_id}: an idempotency key was applied twice"
+    assert summary.chain_ok, [str(p) for p in summary.problems]
 
 
 def assert_identical(report: RunReport, reference: dict[str, dict]) -> None:

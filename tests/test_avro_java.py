@@ -29,8 +29,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 import schemas
 from compose.maven_jars import build_once, cache_root, ensure_maven_jars, pom_property, require_tool
 from journal import (
-    AttemptFenced, AttemptStarted, Codec, FileBackend, Journal, Message, RecordLocation, ResourceMutation,
-    RolloutFinished, SnapshotDraft, WorkloadRegistered,
+    AttemptFenced, AttemptStarted, ChainHead, Codec, FileBackend, HeadSigner, Journal, Message, RecordLocation,
+    ResourceMutation, RolloutFinished, SnapshotDraft, WorkloadRegistered,
 )
 from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings
@@ -42,7 +42,7 @@ POM = JAVA_DIR / "pom.xml"
 SOURCE = JAVA_DIR / "AvroPeer.java"
 EVERY_RECORD_TYPE = {
     "AttemptStarted", "AttemptFenced", "ModelCall", "ResourceMutation", "TurnCompleted", "RolloutFinished",
-    "RolloutAcknowledged", "Snapshot", "BlobChunk", "WorkloadRegistered",
+    "RolloutAcknowledged", "Snapshot", "BlobChunk", "WorkloadRegistered", "HeadCheckpoint",
 }
 WHERE = RecordLocation("test", 0, 0)
 
@@ -149,6 +149,9 @@ def write_every_record_type(journal: Journal) -> None:
                         SnapshotDraft(header(r, 7, turn=2, attempt=2, epoch=2), "running", 7, big_state))
     journal.append_sync([RolloutFinished(header(r, 8, turn=2, attempt=2, epoch=2), 0.75, 2, '{"reward":0.75}')])
     journal.acknowledge(header(r, 9, turn=2, attempt=2, epoch=2), "trainer-0").result()
+    signer = HeadSigner.generate()
+    journal.append_sync([signer.checkpoint(header(r, 10, turn=2, attempt=2, epoch=2), 0,
+                                           [ChainHead("r/mail", 5, "c" * 64), ChainHead("r/crm", 0, "e" * 64)])])
     journal.register_workload(WorkloadRegistered("wl", '{"groups": 1}', [r], "topo", 7, "worker-0")).result()
 
 

@@ -29,17 +29,63 @@ def test_journal_throughput_reports_its_ratio(kafka_bootstrap: str) -> None:
 
 
 @pytest.mark.slow
-def test_recovery_bench_pieces_run(tmp_path: Path) -> None:
+def test_the_redone_figure_is_what_the_journal_shows_not_a_constant(tmp_path: Path) -> None:
+    """Three environment kinds, SIGKILLed with every rollout mid-way. The restart-only
+    (sandbox) rollouts redo exactly the turns and tokens they had committed, as their
+    environment (not the runner) says they must; the others redo none. The benchmark's
+    old figure, 0 by construction, fails here."""
     sys.path.insert(0, str(ROOT))
-    from bench.recovery import redone_work, restore_seconds, synthesize
+    from bench.recovery import crash_trial, redo_config, strategy_totals
+    from participants.runner import workload_specs
 
-    redone = redone_work(tmp_path, groups=2, siblings=2, turns=4, snapshot_every=2, seed=3)
-    strategies = redone["strategies"]
-    assert strategies["this_system"]["redone_turns"] == 0
-    assert strategies["naive_restart"]["redone_turns"] >= strategies["snapshot_only"]["redone_turns"]
+    config = redo_config(tmp_path, "smoke", groups=3, siblings=2, turns=4, environment="workplace,counter,sandbox",
+                         concurrency=6)
+    restart_only = {s.rollout_id for s in workload_specs(config) if s.environment == "sandbox"}
+    trial = crash_trial(config, kill_after=12, extra_delay_s=0.0)  # 6 rollouts in step, 4 turns each: half way
+    assert trial is not None, "the child finished before the kill"
+    rows = {r["rollout_id"]: r for r in trial["rollouts"]}
+    must_redo = {rid for rid in restart_only if not rows[rid]["finished_at_crash"] and rows[rid]["turns_at_crash"]}
+    assert must_redo, f"no restart-only rollout had committed turns at the crash: {rows}"
+    for rid, row in rows.items():
+        expected = [row["turns_at_crash"], row["tokens_at_crash"]] if rid in must_redo else [0, 0]
+        assert row["this_system"] == expected, rid
+        assert row["restarted"] == (rid in must_redo), rid
+    unfinished = [r for r in rows.values() if not r["finished_at_crash"]]
+    totals = strategy_totals(trial["rollouts"])
+    assert totals["this_system"]["redone_tokens"] == sum(rows[rid]["tokens_at_crash"] for rid in must_redo) > 0
+    assert totals["naive_restart"]["redone_turns"] == sum(r["turns_at_crash"] for r in unfinished)
+    assert totals["this_system"]["redone_turns"] <= totals["snapshot_only"]["redone_turns"] \
+        <= totals["naive_restart"]["redone_turns"]
+    assert sum(trial["restore_ms"][phase] for phase in ("read", "fold", "rebuild", "fence")) == \
+        pytest.approx(trial["restore_ms"]["total"], abs=0.05)
+
+
+@pytest.mark.slow
+def test_synthesized_restore_journals_fold(tmp_path: Path) -> None:
+    """The restore-time journals hold real rollout states that their events fold onto, so the
+    benchmark times the fold, not only the read."""
+    sys.path.insert(0, str(ROOT))
+    from bench.recovery import restore_phases, synthesize
+
     synthesize(tmp_path / "synth", active=20, turns=3, snapshot_every=2, finished_before=10)
-    seconds, replayed = restore_seconds(tmp_path / "synth", repeats=1)
-    assert seconds > 0 and replayed == 20 * 3  # one turn after the last snapshot, three events each
+    phases = restore_phases(tmp_path / "synth", repeats=1)
+    assert phases["rollouts"] == 20 and phases["turns_folded"] == 20 * 3  # the acknowledged 10 are gone
+    assert phases["events_replayed"] == 20 * 3  # one turn after the last snapshot, three events each
+    assert phases["restore_s"] == pytest.approx(phases["read_s"] + phases["fold_s"])
+
+
+@pytest.mark.slow
+def test_signing_cost_reports_per_checkpoint_and_end_to_end(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    from bench.signing_cost import per_checkpoint, throughput
+
+    micro = per_checkpoint(repeats=1, loops=20)
+    assert micro["resources_per_checkpoint"] == 3 and micro["sign_us_per_checkpoint"] > 0
+    assert micro["verify_us_per_checkpoint"] > 0
+    e2e = throughput(tmp_path, rounds=1, groups=1, siblings=2, turns=3)
+    assert e2e["turns_per_run"] == 6 and e2e["checkpoints_per_run"] > 0  # the signed runs did sign
+    for key in ("turns_per_s_signed", "turns_per_s_plain", "signing_overhead", "signing_cpu_overhead"):
+        assert key in e2e
 
 
 @pytest.mark.kafka

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
-
 
 from journal.open import open_journal
 from participants.config import WorkloadConfig
 from participants.resource_server import HttpStateExporter, ResourceServer
+from participants.resources import Resource
 from participants.runner import Runner, workload_specs
 from participants.workload import build_backend, run_workload
 from tests.recovery_support import assert_identical, reference_outcomes
@@ -35,6 +36,21 @@ def runner_with_server(config: WorkloadConfig, journal, **kwargs) -> tuple[Runne
     return runner, server
 
 
+class ExportsTimed(HttpStateExporter):
+    """Records when each export try began and ended: exports run while the agents are parked."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(base_url)
+        self.spans: list[tuple[float, float]] = []
+
+    def export(self, resource: Resource) -> bytes:
+        started = time.perf_counter()
+        try:
+            return super().export(resource)
+        finally:
+            self.spans.append((started, time.perf_counter()))
+
+
 async def until(predicate, timeout_s: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not predicate():
@@ -50,15 +66,22 @@ def test_an_http_500_during_export_is_retried_and_the_checkpoint_restores(tmp_pa
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
             runner, server = runner_with_server(config, journal)
+            exporter = runner.checkpointer.exporter = ExportsTimed(server.url)
             with server:
                 run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 3 for s in specs}))
                 await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 4)
                 server.fail_next(2, status=500)
+                called = time.perf_counter()
                 report = await runner.checkpointer.checkpoint(runner.live.values())
+                returned = time.perf_counter()
                 await run
         assert report.retries == 2
         assert set(report.included) == {s.rollout_id for s in specs} and not report.skipped
-        assert report.pause_ms > 0
+        # The agents stay parked from before the first export try to after the last (the two
+        # retries' backoff included): the pause holds that whole span, and no more than the call.
+        parked_span = max(end for _, end in exporter.spans) - min(start for start, _ in exporter.spans)
+        assert len(exporter.spans) == len(specs) + 2
+        assert parked_span <= report.pause_ms / 1000 <= returned - called
 
     asyncio.run(scenario())
     resumed = run_workload(config, resume=True)  # a crash after the checkpoint: restore from it

@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from participants.config import WorkloadConfig
+from participants.runner import workload_specs
+from replay.demo import run_demo as run_demo_here
+
 
 def run_demo(*args: str, cwd: Path) -> dict:
     done = subprocess.run([sys.executable, "-m", "replay.cli", "demo", "--json", *args],
@@ -23,9 +27,13 @@ def test_the_demo_throws_away_nothing_on_the_file_journal(tmp_path: Path) -> Non
     assert report["backend"] == "file"
     assert report["turns_committed_at_crash"] >= report["killed_after_turns"] > 0
     assert report["turns_thrown_away"] == 0 and report["turns_lost"] == 0
+    assert report["tokens_redone"] == 0
     assert report["naive_turns_thrown_away"] > 0
     assert report["identical_to_uninterrupted"] is True
     assert report["rollouts"] == 12
+    phases = report["restore_ms"]
+    assert sum(phases[p] for p in ("read", "fold", "rebuild", "fence")) == pytest.approx(phases["total"], abs=0.05)
+    assert report["restore_seconds"] * 1000 == pytest.approx(phases["total"], abs=0.1)
 
 
 @pytest.mark.slow
@@ -36,3 +44,21 @@ def test_the_demo_throws_away_nothing_on_kafka(kafka_bootstrap: str, kafka_names
     assert report["backend"] == "kafka"
     assert report["turns_committed_at_crash"] >= report["killed_after_turns"] > 0
     assert report["turns_thrown_away"] == 0 and report["identical_to_uninterrupted"] is True
+
+
+@pytest.mark.slow
+def test_the_demo_shows_what_a_restart_only_rollout_redid(tmp_path: Path) -> None:
+    """The "this restart redid" column is read from the journal: a rollout on the restart-only
+    sandbox redoes every turn it had committed, one on the event-sourced workplace none."""
+    config = WorkloadConfig(name="sbx", groups=2, siblings=2, max_turns=4, environment="workplace,sandbox", seed=3,
+                            allow_early_submit=False, concurrency=4, turn_delay_ms=20)
+    restart_only = {s.rollout_id for s in workload_specs(config) if s.environment == "sandbox"}
+    report = run_demo_here(str(tmp_path / "journal"), kill_after=7, config=config).as_json()
+    rows = {r["rollout_id"]: r for r in report["per_rollout"]}
+    must_redo = {rid for rid in restart_only if not rows[rid]["finished_at_crash"] and rows[rid]["turns_at_crash"]}
+    assert must_redo, f"no sandbox rollout had committed turns at the crash: {rows}"
+    for rid, row in rows.items():
+        assert row["redone_here"] == (row["turns_at_crash"] if rid in must_redo else 0), rid
+        assert (row["redone_tokens_here"] > 0) == (rid in must_redo), rid
+    assert report["turns_redone"] == sum(rows[rid]["turns_at_crash"] for rid in must_redo)
+    assert report["identical_to_uninterrupted"] is True

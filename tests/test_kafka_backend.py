@@ -2,25 +2,36 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+from confluent_kafka import KafkaException, Producer
+from confluent_kafka.admin import (
+    AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewTopic, ResourceType,
+)
 
 from journal.backend import OutRecord, StoredRecord, Stream, partition_for
 from journal.errors import (
     AbortableCommitError,
     ConfigurationError,
+    CorruptRecordError,
     FatalJournalError,
     JournalClosedError,
     ProducerFencedError,
     RecordLocation,
 )
+from journal.events import BlobChunk, Snapshot
+from journal.journal import Cursor, Journal, ReadReport
 from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings
+from journal.restore import load_rollouts
+from journal.snapshots import SnapshotDraft
+from tests.journal_conformance import header, model_call, started, turn_done
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -195,6 +206,61 @@ def test_a_zombie_writer_is_fenced_and_its_open_batch_never_appears(settings: Ka
         zombie.close()
 
 
+def test_a_zombie_fenced_between_transactions_learns_it_on_produce_as_producer_fenced(
+    settings: KafkaSettings, recwarn: pytest.WarningsRecorder
+) -> None:
+    # The usual way a zombie learns it lost its slot: its next batch, produced and flushed after
+    # the replacement's init_transactions, is refused by the coordinator (_FENCED, fatal).
+    zombie = KafkaBackend(settings)
+    zombie.commit([event("r", b"zombie-before")])
+    with KafkaBackend(settings) as fresh:
+        batch = [event(f"r{i}", f"zombie-{i}".encode()) for i in range(12)]  # every partition
+        with pytest.raises(ProducerFencedError, match=settings.transactional_id):
+            zombie.commit(batch)
+        with pytest.raises(ProducerFencedError, match="refused"):
+            zombie.commit([event("r", b"zombie-again")])
+        zombie.close()
+        assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)], [str(w.message) for w in recwarn]
+        fresh.commit([event("r", b"fresh")])
+        seen = [v for p in range(fresh.partitions) for v in values(list(fresh.read_events(p)))]
+        assert sorted(seen) == [b"fresh", b"zombie-before"]
+
+
+def test_a_journal_closing_while_its_writer_is_fenced_closes(settings: KafkaSettings) -> None:
+    # The hang of a fenced `resume`: close() queued the committer's stop while a commit was under
+    # way, that commit then failed fatally, and the failure path drained the stop with the queue.
+    journal = Journal(KafkaBackend(settings))
+    journal.append_sync([started("r1", 0)])
+    staged = journal.backend.stage([event("elsewhere", b"held open")])  # the journal's next commit waits
+    pending = journal.append([turn_done("r1", 1)])
+    while not pending.running():  # the committer took it and waits inside backend.commit
+        time.sleep(0.01)
+    closer = threading.Thread(target=journal.close, name="closer", daemon=True)
+    closer.start()
+    while not journal._committer._closed or journal._committer._queue.qsize() == 0:  # its stop is queued
+        time.sleep(0.01)
+    with KafkaBackend(settings):  # a new process takes the slot
+        with pytest.raises(ProducerFencedError):
+            staged.commit()
+        closer.join(60)
+        assert not closer.is_alive(), "Journal.close() hangs after its writer was fenced"
+    assert isinstance(pending.exception(), ProducerFencedError)
+
+
+def test_the_same_slot_in_another_namespace_never_fences_the_writer(kafka_bootstrap: str) -> None:
+    # Two jobs on one cluster, each with its default slot name: neither may fence the other.
+    slot = f"worker-{uuid.uuid4().hex[:6]}"
+    first = make_settings(kafka_bootstrap, f"job-a-{uuid.uuid4().hex[:6]}", transactional_id=slot)
+    second = make_settings(kafka_bootstrap, f"job-b-{uuid.uuid4().hex[:6]}", transactional_id=slot)
+    with KafkaBackend(first) as a:
+        a.commit([event("r", b"a-1")])
+        with KafkaBackend(second) as b:
+            b.commit([event("r", b"b-1")])
+            a.commit([event("r", b"a-2")])  # still the owner of its slot in its namespace
+            assert a.producer_config()["transactional.id"] == f"{first.namespace}.{slot}"
+        assert values(list(a.read_events(partition_for("r", a.partitions)))) == [b"a-1", b"a-2"]
+
+
 def test_a_reader_never_fences_the_writer(backend: KafkaBackend, settings: KafkaSettings) -> None:
     backend.commit([event("r", b"one")])
     with KafkaBackend(settings, transactional=False, create_topics=False) as reader:
@@ -211,6 +277,10 @@ def test_a_delivery_refused_by_the_broker_aborts_the_batch_and_the_writer_goes_o
                            incremental_configs=[ConfigEntry("max.message.bytes", "50000",
                                                             incremental_operation=AlterConfigOpType.SET)])
     admin.incremental_alter_configs([topic])[topic].result()
+    deadline = time.monotonic() + 30
+    while topic_config(admin, backend.events_topic)["max.message.bytes"].value != "50000":  # the broker applies it
+        assert time.monotonic() < deadline, "max.message.bytes=50000 never took effect"
+        time.sleep(0.05)
     partition = partition_for("r", backend.partitions)
     backend.commit([event("r", b"before")])
 
@@ -258,18 +328,80 @@ def test_a_record_with_a_non_utf8_key_is_reported_and_reading_goes_on(backend: K
     assert read[2].error is not None and "no key" in read[2].error
 
 
+def plain_producer(backend: KafkaBackend) -> Producer:
+    """A producer that is no journal writer: what a foreign tool or a misconfigured job writes."""
+    return Producer({k: v for k, v in backend.producer_config().items() if k not in ("transactional.id", "transaction.timeout.ms")})
+
+
+def test_a_null_or_foreign_value_on_the_events_topic_is_reported_by_every_read_path(backend: KafkaBackend) -> None:
+    journal = Journal(backend)
+    partition = journal.partition_of("r1")
+    journal.append_sync([started("r1", 0), turn_done("r1", 1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"s"))
+    raw = plain_producer(backend)
+    raw.produce(backend.events_topic, key=b"r1", value=None, partition=partition)  # a tombstone where none belongs
+    foreign = journal.codec.encode(BlobChunk("0" * 64, 0, 1, b"not an event"))  # single-object Avro, wrong stream
+    raw.produce(backend.events_topic, key=b"r1", value=foreign, partition=partition)
+    assert raw.flush(10) == 0
+    journal.append_sync([turn_done("r1", 2, turn=2)])
+    bad = [r.location for r in backend.read_events(partition) if r.value is None or r.value == foreign]
+    assert len(bad) == 2
+
+    with pytest.raises(CorruptRecordError) as info:
+        list(journal.read_rollout("r1"))
+    assert str(bad[0]) in str(info.value)
+    for read in (lambda report: journal.read_rollout("r1", report=report),
+                 lambda report: journal.read_rollout("r1", Cursor(0, after_seq=1), report),  # the seq-peeking path
+                 lambda report: journal.scan(report)):
+        report = ReadReport()
+        seqs = [e.event.header.seq for e in read(report)]
+        assert seqs[-1] == 2
+        assert [e.location for e in report.errors] == bad
+        assert "null" in str(report.errors[0]) and "BlobChunk" in str(report.errors[1])
+    plan = load_rollouts(journal)
+    assert [e.event.header.seq for e in plan.rollouts["r1"].events] == [2]
+    assert [e.location for e in plan.report.errors] == bad
+    journal.close()
+
+
+
 # -- compaction -----------------------------------------------------------------------------------
+
+
+def compacting_settings(bootstrap: str, namespace: str, **overrides: object) -> KafkaSettings:
+    """Settings whose snapshot topic the broker's log cleaner compacts within seconds."""
+    return make_settings(
+        bootstrap, namespace, snapshot_segment_ms=200, snapshot_segment_bytes=1024 * 1024,  # Kafka 4 minimum
+        snapshot_min_cleanable_dirty_ratio=0.01, snapshot_delete_retention_ms=100, snapshot_min_compaction_lag_ms=0,
+        **overrides,
+    )
+
+
+def wait_for_compaction(backend: KafkaBackend, compacted: Callable[[dict[str, list[bytes | None]]], bool],
+                        timeout_s: float = 90) -> dict[str, list[bytes | None]]:
+    """Keep rolling segments until the log cleaner has run as ``compacted`` (values per key) says."""
+    # one filler key per partition: a partition's active segment rolls only when it gets an append
+    candidates = [f"filler-{i}" for i in range(100)]
+    fillers = [next(k for k in candidates if partition_for(k, backend.partitions) == p) for p in range(backend.partitions)]
+    deadline = time.monotonic() + timeout_s
+    filler = 0
+    while True:
+        # segments roll only on append after segment.ms: keep appending so the old ones become cleanable
+        time.sleep(0.5)
+        filler += 1
+        backend.commit([OutRecord(Stream.SNAPSHOTS, k, str(filler).encode(), k) for k in fillers])
+        seen: dict[str, list[bytes | None]] = {}
+        for r in backend.read_snapshots():
+            seen.setdefault(r.key, []).append(r.value)
+        if compacted(seen):
+            return seen
+        if time.monotonic() > deadline:
+            pytest.fail(f"compaction not observed within {timeout_s} s: {({k: len(v) for k, v in seen.items()})}")
 
 
 def test_the_broker_compacts_snapshots_to_the_latest_value_and_drops_tombstones(
     kafka_bootstrap: str, kafka_namespace: str
 ) -> None:
-    settings = make_settings(
-        kafka_bootstrap, kafka_namespace, partitions=2,
-        snapshot_segment_ms=200, snapshot_segment_bytes=1024 * 1024,  # Kafka 4 minimum
-        snapshot_min_cleanable_dirty_ratio=0.01, snapshot_delete_retention_ms=100,
-        snapshot_min_compaction_lag_ms=0,
-    )
+    settings = compacting_settings(kafka_bootstrap, kafka_namespace, partitions=2)
     kept, dropped = ["keep-a", "keep-b", "keep-c"], ["gone-d", "gone-e"]
 
     def snap(key: str, value: bytes | None) -> OutRecord:
@@ -284,28 +416,39 @@ def test_the_broker_compacts_snapshots_to_the_latest_value_and_drops_tombstones(
         assert len(before) > len(kept) + 1
 
         latest = {k: f"{k}@v9".encode() for k in kept}
-        # one filler key per partition: a partition's active segment rolls only when it gets an append
-        candidates = [f"filler-{i}" for i in range(100)]
-        fillers = [next(k for k in candidates if partition_for(k, settings.partitions) == p)
-                   for p in range(settings.partitions)]
-        deadline = time.monotonic() + 90
-        filler = 0
-        while True:
-            # segments roll only on append after segment.ms: keep appending so the old ones become cleanable
-            time.sleep(0.5)
-            filler += 1
-            backend.commit([snap(k, str(filler).encode()) for k in fillers])
-            seen: dict[str, list[bytes | None]] = {}
-            for r in backend.read_snapshots():
-                seen.setdefault(r.key, []).append(r.value)
-            compacted = all(seen.get(k) == [v] for k, v in latest.items())
-            tombstones_gone = not any(k in seen for k in dropped)
-            if compacted and tombstones_gone:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"compaction not observed within 90 s: {({k: len(v) for k, v in seen.items()})}")
+        seen = wait_for_compaction(backend, lambda seen: all(seen.get(k) == [v] for k, v in latest.items())
+                                   and not any(k in seen for k in dropped))
         assert all(seen[k] == [latest[k]] for k in kept)
         assert not any(k in seen for k in dropped)
+
+
+def test_after_the_cleaner_ran_a_corrupt_newest_snapshot_still_falls_back_to_the_previous_one(
+    kafka_bootstrap: str, kafka_namespace: str
+) -> None:
+    settings = compacting_settings(kafka_bootstrap, kafka_namespace, partitions=1)
+    with Journal(KafkaBackend(settings)) as journal:
+        journal.append_sync([started("r1", 0)])
+        for version in range(4):
+            journal.append_sync([turn_done("r1", version + 1, turn=version + 1)],
+                                SnapshotDraft(header("r1", version + 1, turn=version + 1), "running", version + 1,
+                                              f"state-v{version}".encode()))
+        # The newest snapshot record turns out corrupt (here: its state no longer matches its SHA-256).
+        newest = [r for r in journal.backend.read_snapshots()
+                  if r.value and isinstance(journal.codec.decode(r.value, r.location), Snapshot)][-1]
+        assert b"state-v3" in newest.value
+        corrupt = journal.backend.commit([OutRecord(Stream.SNAPSHOTS, newest.key, newest.value.replace(b"state-v3", b"state-v9"),
+                                                    "r1")])[0]
+        snapshot_keys = [k for k in {r.key for r in journal.backend.read_snapshots()}
+                         if k == "r1" or (k.startswith("r1/") and k != "r1/fence")]
+        # Only once the cleaner has left one value per key is "the previous one" a real claim.
+        wait_for_compaction(journal.backend, lambda seen: all(len(seen.get(k, [])) <= 1 for k in snapshot_keys)
+                            and newest.value not in seen.get(newest.key, []))
+        index = journal.snapshots()
+        assert index.snapshots["r1"] is not None, [str(e) for e in index.errors]
+        assert index.snapshots["r1"].state == b"state-v2"
+        assert any(str(corrupt) in str(e) and "SHA-256" in str(e) for e in index.errors)
+        plan = load_rollouts(journal)  # and restore replays the turn the lost snapshot covered
+        assert [e.event.header.seq for e in plan.rollouts["r1"].events] == [4]
 
 
 # -- topics ---------------------------------------------------------------------------------------
@@ -333,6 +476,105 @@ def test_topics_are_created_once_with_their_configs(settings: KafkaSettings, kaf
     assert configs[settings.snapshots_topic]["segment.ms"] == str(settings.snapshot_segment_ms)
     assert configs[settings.snapshots_topic]["min.cleanable.dirty.ratio"] == str(settings.snapshot_min_cleanable_dirty_ratio)
     assert configs[settings.snapshots_topic]["delete.retention.ms"] == str(settings.snapshot_delete_retention_ms)
+
+
+def topic_config(admin: AdminClient, topic: str) -> dict[str, ConfigEntry]:
+    """A topic's configs, from a broker that knows the topic (just created: not every one does yet)."""
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            return admin.describe_configs([resource])[resource].result()
+        except KafkaException:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def create_topics(admin: AdminClient, settings: KafkaSettings, replication: int, **config: str) -> None:
+    """The journal's two topics as somebody else created them (a platform team, an older version)."""
+    topics = [NewTopic(settings.events_topic, settings.partitions, replication, config={"cleanup.policy": "delete", **config}),
+              NewTopic(settings.snapshots_topic, settings.partitions, replication,
+                       config={"cleanup.policy": "compact", **config})]
+    for future in admin.create_topics(topics).values():
+        future.result()
+    deadline = time.monotonic() + 30
+    while not all(t.topic in admin.list_topics(timeout=10).topics for t in topics):  # metadata catches up
+        assert time.monotonic() < deadline, "created topics never appeared in the metadata"
+        time.sleep(0.05)
+
+
+def test_topics_take_the_clusters_replication_defaults_unless_asked(settings: KafkaSettings, kafka_bootstrap: str) -> None:
+    with KafkaBackend(settings, transactional=False):
+        pass
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for topic in (settings.events_topic, settings.snapshots_topic):
+        entry = topic_config(admin, topic)["min.insync.replicas"]
+        assert entry.source != ConfigSource.DYNAMIC_TOPIC_CONFIG.value, f"{topic} overrides min.insync.replicas"
+
+
+def test_an_existing_topic_whose_min_isr_exceeds_its_replicas_is_refused(
+    settings: KafkaSettings, kafka_bootstrap: str
+) -> None:
+    create_topics(AdminClient({"bootstrap.servers": kafka_bootstrap}), settings, 1, **{"min.insync.replicas": "2"})
+    with pytest.raises(ConfigurationError, match=rf"{settings.events_topic} has min.insync.replicas=2 .*replication factor 1"):
+        KafkaBackend(settings, transactional=False)
+
+
+def test_an_existing_topic_with_fewer_replicas_than_asked_is_refused(settings: KafkaSettings, kafka_bootstrap: str) -> None:
+    create_topics(AdminClient({"bootstrap.servers": kafka_bootstrap}), settings, 1)
+    with pytest.raises(ConfigurationError, match=rf"{settings.events_topic} has replication factor 1 .*replication_factor=3"):
+        KafkaBackend(settings.model_copy(update={"replication_factor": 3}), transactional=False, create_topics=False)
+
+
+@pytest.mark.slow
+def test_on_a_three_broker_cluster_the_defaults_hold_and_min_isr_is_never_lowered(
+    kafka_cluster3, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The 3-node local cluster, like the compose one, sets replication 3 and min.insync.replicas=2."""
+    bootstrap = kafka_cluster3.bootstrap_servers
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+
+    defaults = make_settings(bootstrap, "defaults", partitions=2)
+    with KafkaBackend(defaults) as backend:
+        backend.commit([event("r", b"acks=all reached 2 in-sync replicas")])
+    for topic in (defaults.events_topic, defaults.snapshots_topic):
+        assert {len(p.replicas) for p in admin.list_topics(topic, timeout=10).topics[topic].partitions.values()} == {3}
+        assert topic_config(admin, topic)["min.insync.replicas"].value == "2"
+
+    lower = make_settings(bootstrap, "asks-lower", partitions=2, min_insync_replicas=1)
+    with caplog.at_level(logging.WARNING, logger="journal.kafka_topics"):
+        with KafkaBackend(lower, transactional=False):
+            pass
+    assert topic_config(admin, lower.events_topic)["min.insync.replicas"].value == "2"
+    assert any("min.insync.replicas=2" in r.getMessage() and "never lowers" in r.getMessage() for r in caplog.records)
+
+    higher = make_settings(bootstrap, "asks-higher", partitions=2, replication_factor=3, min_insync_replicas=3)
+    with KafkaBackend(higher, transactional=False):
+        pass
+    deadline = time.monotonic() + 30  # applied by the controller; each broker learns it a moment later
+    while topic_config(admin, higher.events_topic)["min.insync.replicas"].value != "3":
+        assert time.monotonic() < deadline, "the asked min_insync_replicas=3 never took effect"
+        time.sleep(0.05)
+
+    weak = make_settings(bootstrap, "weak", partitions=2)
+    create_topics(admin, weak, 3, **{"min.insync.replicas": "1"})
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="journal.kafka_topics"):
+        with KafkaBackend(weak, transactional=False):
+            pass
+    assert any(weak.events_topic in r.getMessage() and "min.insync.replicas=1" in r.getMessage() for r in caplog.records)
+
+
+def test_events_are_chunked_below_the_topics_own_max_message_bytes(settings: KafkaSettings, kafka_bootstrap: str) -> None:
+    create_topics(AdminClient({"bootstrap.servers": kafka_bootstrap}), settings, 1, **{"max.message.bytes": "100000"})
+    with Journal(KafkaBackend(settings)) as journal:
+        assert journal.max_record_bytes < 100_000 and journal.inline_snapshot_limit < 100_000
+        call = model_call("r1", 1, tokens=100_000)  # 400 KB: accepted by the file journal, so by this one too
+        journal.append_sync([started("r1", 0), call],
+                            SnapshotDraft(header("r1", 1), "running", 1, os.urandom(300_000)))  # a blob, in chunks
+        assert [e.event for e in journal.read_rollout("r1")][1] == call
+        assert len(journal.snapshots().snapshots["r1"].state) == 300_000
 
 
 def test_a_partition_count_mismatch_is_a_configuration_error(settings: KafkaSettings) -> None:
@@ -440,7 +682,7 @@ def test_librdkafka_passthrough_reaches_every_client(settings: KafkaSettings) ->
             assert cfg["socket.keepalive.enable"] == "true"
         producer = b.producer_config()
         assert producer["enable.idempotence"] is True and producer["acks"] == "all"
-        assert producer["transactional.id"] == s.transactional_id
+        assert producer["transactional.id"] == f"{s.namespace}.{s.transactional_id}"
         assert b.consumer_config()["isolation.level"] == "read_committed"
         b.commit([event("r", b"works")])
         assert values(list(b.read_events(partition_for("r", b.partitions)))) == [b"works"]

@@ -1,4 +1,5 @@
-"""A partition leader is SIGKILLed under a transactional writer on a real 3-broker cluster.
+"""Faults under a transactional writer: a partition leader SIGKILLed on a real 3-broker
+cluster, and real processes racing on one writer slot.
 
 What must hold afterwards: every batch whose ``commit`` returned is readable in
 full; no batch is partly visible; no record appears twice, even for a batch that
@@ -23,9 +24,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +39,7 @@ from journal.backend import OutRecord, Stream, partition_for
 from journal.errors import AbortableCommitError, FatalJournalError, JournalError
 from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings
+from replay.cli import EXIT_FENCED
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -114,7 +121,12 @@ def writer(settings: KafkaSettings, stop: threading.Event, out: WriterLog) -> No
 
 
 def test_a_killed_partition_leader_loses_no_committed_batch_and_duplicates_none(kafka_cluster3) -> None:
-    cluster = kafka_cluster3
+    leader_kill_drill(kafka_cluster3)
+
+
+def leader_kill_drill(cluster) -> None:
+    """The drill on any 3-broker cluster with ``bootstrap_servers``, ``partition_leader``,
+    ``kill_node`` and ``restart_node`` (the jar launcher's, or compose's in test_docker_path)."""
     settings = KafkaSettings(
         bootstrap_servers=cluster.bootstrap_servers, namespace="faults", partitions=3,
         replication_factor=3, min_insync_replicas=2, transactional_id="fault-writer-0",
@@ -186,3 +198,64 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.05)
+
+
+# -- a fenced process stops, promptly and clearly --------------------------------------------------
+
+
+RACE_WORKLOAD = """\
+name: race
+groups: 2
+siblings: 2
+max_turns: 400
+environment: counter
+seed: 3
+allow_early_submit: false
+turn_delay_ms: 20
+snapshot_every_turns: 2
+journal: {journal}
+writer: slot-0
+"""
+
+
+def _cli(args: list[str], out_dir: Path, name: str) -> subprocess.Popen:
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "replay.cli", *args, "--progress-lines"], cwd=repo, env=env,
+        stdout=(out_dir / f"{name}.out").open("w"), stderr=(out_dir / f"{name}.err").open("w"),
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def test_resumes_racing_on_one_slot_all_but_one_exit_fenced_with_one_line(
+    kafka_bootstrap: str, kafka_namespace: str, tmp_path: Path
+) -> None:
+    """Real `rollout-journal` processes on one Kafka writer slot: each newer one fences the older.
+    Every loser stops on its own with EXIT_FENCED and a one-line reason, never a traceback or a hang."""
+    config = tmp_path / "race.yaml"
+    config.write_text(RACE_WORKLOAD.format(journal=f"kafka://{kafka_bootstrap}/{kafka_namespace}"))
+    procs = {"run": _cli(["run", str(config)], tmp_path, "run")}
+    try:
+        _wait_for(lambda: (tmp_path / "run.out").read_text().count("turn-committed") >= 8
+                  or procs["run"].poll() is not None, 120, "the first run's turns")
+        assert procs["run"].poll() is None, (tmp_path / "run.err").read_text()
+        for i in range(4):
+            procs[f"resume-{i}"] = _cli(["resume", str(config)], tmp_path, f"resume-{i}")
+        # Only the newest producer of the slot may go on; every other process must end by itself.
+        _wait_for(lambda: sum(p.poll() is None for p in procs.values()) <= 1, 240, "every fenced process to exit")
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+    survivors = [name for name, p in procs.items() if p.returncode in (0, -signal.SIGKILL)]
+    losers = {name: p.returncode for name, p in procs.items() if name not in survivors}
+    assert len(survivors) == 1, {name: p.returncode for name, p in procs.items()}
+    assert len(losers) == 4
+    for name, code in losers.items():
+        err = (tmp_path / f"{name}.err").read_text()
+        assert code == EXIT_FENCED, f"{name} exited {code}:\n{err}"
+        lines = err.rstrip("\n").splitlines()
+        assert len(lines) == 1, f"{name} said more than one line:\n{err}"  # no traceback, no log noise
+        assert lines[0].startswith("rollout-journal: ") and "fenced" in lines[0] and f"{kafka_namespace}.slot-0" in lines[0]

@@ -14,8 +14,9 @@ import schemas
 from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
-    AttemptFenced, AttemptStarted, BlobChunk, BlobRef, Header, Message, ModelCall, Record, ResourceMutation,
-    RolloutAcknowledged, RolloutFinished, Snapshot, TurnCompleted, WorkloadRegistered,
+    AttemptFenced, AttemptStarted, BlobChunk, BlobRef, ChainHead, EventChunk, Header, HeadCheckpoint, Message,
+    ModelCall, Record, ResourceMutation, RolloutAcknowledged, RolloutFinished, Snapshot, TurnCompleted,
+    WorkloadRegistered,
 )
 from schemas.legacy import FINGERPRINTS_0_1_0, fingerprint_by_the_0_1_0_rule
 from tests.journal_conformance import header, model_call, started, turn_done
@@ -36,6 +37,9 @@ SAMPLES = {
     "Snapshot": Snapshot(header("r", 7), "running", 6, 0, 123, b"state", "e" * 64, BlobRef("f" * 64, 10, 1)),
     "BlobChunk": BlobChunk("f" * 64, 0, 1, b"0123456789"),
     "WorkloadRegistered": WorkloadRegistered("demo", '{"groups":2}', ["demo-g0-s0", "demo-g1-s0"], "t" * 16, 7, "w0"),
+    "HeadCheckpoint": HeadCheckpoint(header("r", 8), 1, [ChainHead("r/mail", 5, "c" * 64), ChainHead("r/crm", 0, "a" * 64)],
+                                     "ed25519", "k" * 64, bytes(range(64))),
+    "EventChunk": EventChunk(header("r", 8), "ModelCall", "a" * 64, 1, 3, 1_500_000, b"piece"),
 }
 NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered")
 NO_HEADER = ("BlobChunk", "WorkloadRegistered")
@@ -96,8 +100,14 @@ STANDARD_FINGERPRINTS = {
     ("TurnCompleted", 2): "c4cd42f10bd0cb34",
     ("AttemptStarted", 2): "ad1d369e704c5ce1",
     ("WorkloadRegistered", 1): "7149c706c2430d14",
+    ("HeadCheckpoint", 1): "0d25b1abca126d5f",
+    ("EventChunk", 1): "20e3593bcea8e933",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
+
+
+def test_every_released_version_has_its_fingerprint_pinned() -> None:
+    assert set(VERSIONS) == set(STANDARD_FINGERPRINTS)
 
 
 @pytest.mark.parametrize("key", list(STANDARD_FINGERPRINTS), ids=[f"{n}.v{v}" for n, v in STANDARD_FINGERPRINTS])
