@@ -117,6 +117,14 @@ def snapshot_of(state: RolloutState, resource_states: dict[str, bytes], writer: 
                          state.to_bytes())
 
 
+def head_checkpoint(signer: HeadSigner, state: RolloutState, env: Environment, writer: str,
+                    turn: int) -> RolloutEvent:
+    """The signed chain heads of every resource of a rollout, in this life of it (the agent's
+    after a turn's mutations; a fork's after each turn it copies)."""
+    heads = [ChainHead(rid, r.revision, r.chain_hash) for rid, r in sorted(env.resources.items())]
+    return signer.checkpoint(state.header(writer, turn=turn), state.restarts, heads)
+
+
 def mutation_event(header: Header, record: MutationRecord) -> ResourceMutation:
     return ResourceMutation(
         header=header, resource_id=record.resource_id, kind=record.kind, op=record.op,
@@ -297,8 +305,7 @@ class Agent:
 
     def head_checkpoint(self, live: LiveRollout, turn: int) -> RolloutEvent:
         """The signed heads of every resource of the rollout, in this life of it."""
-        heads = [ChainHead(rid, r.revision, r.chain_hash) for rid, r in sorted(live.env.resources.items())]
-        return self.signer.checkpoint(live.state.header(self.writer, turn=turn), live.state.restarts, heads)
+        return head_checkpoint(self.signer, live.state, live.env, self.writer, turn)
 
     async def _durable(self, live: LiveRollout, keep: int) -> None:
         """Wait (oldest first) until at most ``keep`` of the rollout's turns are not yet durable."""

@@ -156,6 +156,16 @@ def resolve_spec(rollout_id: str, workloads: Mapping[str, WorkloadRegistered]) -
         f"{', '.join(known) or 'none'}); its task and environment are unknown")
 
 
+def registered_specs(workloads: Mapping[str, WorkloadRegistered]) -> dict[str, RolloutSpec]:
+    """The spec of every rollout the registrations name: each workload's own and every fork's.
+    Raises :class:`UnknownRolloutSpecError` naming a registration that does not say its task."""
+    specs: dict[str, RolloutSpec] = {}
+    for registration in workloads.values():
+        for rollout_id in registration.rollout_ids:
+            specs[rollout_id] = resolve_spec(rollout_id, workloads)[1]
+    return specs
+
+
 def _config_of(name: str, spec_json: str) -> WorkloadConfig:
     try:
         return WorkloadConfig.model_validate_json(spec_json)

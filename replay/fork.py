@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from journal.anchoring import HeadSigner
 from journal.events import (
     AttemptStarted,
     Message,
@@ -39,7 +40,7 @@ from journal.events import (
 )
 from journal.journal import ReadReport
 from journal.open import open_journal
-from participants.agent import mutation_event, snapshot_of
+from participants.agent import head_checkpoint, mutation_event, snapshot_of
 from participants.environments import Environment, make_environment
 from participants.resources import MutationRecord, MutationRequest, Recovery
 from participants.rollout_state import RolloutState, StateFoldError, mutation_record
@@ -118,7 +119,8 @@ def fork_rollout(source: ReplaySource, rollout_id: str, at_turn: int, *, seed: i
                 raise ForkError(f"rollout {rollout_id} runs on environment {origin_spec.environment!r}, whose "
                                 "resources are restart_only: a fork could not continue from a turn (resume "
                                 "would start it over from turn 0)")
-            state, events, reapplied = _fork_events(fork, origin_spec.group_id, initial, turns, topology, env, writer)
+            state, events, reapplied = _fork_events(fork, origin_spec.group_id, initial, turns, topology, env, writer,
+                                                    HeadSigner.from_environment())
             exports = {rid: r.export_state() for rid, r in env.resources.items() if r.supports_export}
         finally:
             env.close()
@@ -171,8 +173,10 @@ def _lineage_through(source: ReplaySource, rollout_id: str, at_turn: int, report
 
 
 def _fork_events(fork: Fork, group_id: str, initial: list[Message], turns: list[_Turn], topology: str,
-                 env: Environment, writer: str) -> tuple[RolloutState, list[RolloutEvent], int]:
-    """The fork's first attempt, applied to its state as it is built (as the live path does)."""
+                 env: Environment, writer: str, signer: HeadSigner | None
+                 ) -> tuple[RolloutState, list[RolloutEvent], int]:
+    """The fork's first attempt, applied to its state as it is built (as the live path does; with
+    a signing key, each turn that mutates is anchored as a live turn is)."""
     state = RolloutState(fork.rollout_id, group_id)
     events: list[RolloutEvent] = []
 
@@ -194,6 +198,8 @@ def _fork_events(fork: Fork, group_id: str, initial: list[Message], turns: list[
                 applied(mutation_event(state.header(writer), _reapply(fork, env, event, state)))
                 reapplied += 1
             elif isinstance(event, TurnCompleted):
+                if signer is not None and any(isinstance(e, ResourceMutation) for e in turn.events):
+                    applied(head_checkpoint(signer, state, env, writer, state.next_turn))
                 applied(dataclasses.replace(event, header=state.header(writer), resource_revisions=env.revisions()))
     return state, events, reapplied
 

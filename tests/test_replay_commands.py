@@ -542,3 +542,33 @@ def test_a_corrupt_record_is_named_in_one_closing_line_and_the_exit_code(tmp_pat
         closing = err.strip().splitlines()[-1]
         assert code == 3, argv
         assert closing.startswith("rollout-journal: ") and str(segment) in closing and "position" in closing
+
+
+# -- forks under audit and verify -----------------------------------------------------------------
+
+def test_a_signed_fork_audits_clean_and_anchored_and_verifies(tmp_path: Path, capsys,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    from journal.anchoring import SIGNING_KEY_ENV, HeadSigner
+
+    signer = HeadSigner.generate()
+    monkeypatch.setenv(SIGNING_KEY_ENV, signer.private_pem().decode())
+    config = workload(str(tmp_path / "j"), groups=1, siblings=2, environment="workplace")
+    origin = workload_specs(config)[1].rollout_id
+    run_workload(config, resume=False, stop_after={origin: 3})
+    run_workload(config, resume=True)
+    code, doc, _ = run_cli(capsys, "fork", origin, "--at-turn", "2", "--journal", config.journal, "--json")
+    assert code == 0
+    (tmp_path / "verify.pem").write_bytes(signer.public_pem())
+
+    def audited_and_verified() -> None:
+        code, audited, _ = run_cli(capsys, "audit", "--journal", config.journal, "--public-key",
+                                   str(tmp_path / "verify.pem"), "--json")
+        assert code == 0 and audited["chain_ok"], audited["problems"]
+        assert audited["anchored"] == "yes" and audited["anchors_verified"]
+        assert any(r["resource_id"].startswith(doc["fork_id"] + "/") for r in audited["mutations"])
+        code, verified, _ = run_cli(capsys, "verify", "--journal", config.journal, "--json")
+        assert code == 0 and verified["first_divergence"] is None
+
+    audited_and_verified()  # the fork's copied turns are anchored as live turns are
+    run_workload(config, resume=True)  # continues the fork
+    audited_and_verified()
