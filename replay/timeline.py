@@ -27,6 +27,7 @@ from journal.errors import CorruptRecordError
 from journal.events import (
     AttemptFenced,
     AttemptStarted,
+    HeadCheckpoint,
     Message,
     ModelCall,
     ResourceMutation,
@@ -126,6 +127,8 @@ class TurnView:
     epoch: int
     seq: int  # of its TurnCompleted, the commit point
     location: str
+    ts_ms: int
+    life: int  # the rollout's starts over before it (0 until a restart-only environment restarts it)
     messages: list[Message]
     actions: list[str]
     reward: float | None
@@ -137,6 +140,7 @@ class TurnView:
     redo_of: int | None = None  # the attempt whose version of this turn was discarded
     copied_from: str | None = None  # a fork's first attempt copied it from "<origin>@<turn>"
     finished: bool = False  # the rollout finished with it
+    signed: bool = False  # its commit carried a signed checkpoint of the chain heads (HeadCheckpoint)
 
     @property
     def fate(self) -> str:
@@ -154,7 +158,8 @@ class TurnView:
     def as_json(self) -> dict:
         return {
             "turn": self.turn, "attempt": self.attempt, "epoch": self.epoch, "seq": self.seq,
-            "location": self.location, "fate": self.fate, "reused_by": self.reused_by,
+            "location": self.location, "ts_ms": self.ts_ms, "life": self.life, "signed": self.signed,
+            "fate": self.fate, "reused_by": self.reused_by,
             "discarded_by": self.discarded_by, "redo_of": self.redo_of, "copied_from": self.copied_from,
             "finished": self.finished, "reward": self.reward, "actions": self.actions,
             "messages": [{"role": m.role, "content": m.content} for m in self.messages],
@@ -172,6 +177,8 @@ class AttemptView:
     topology: str
     started_seq: int
     location: str
+    ts_ms: int
+    life: int  # the rollout's life it belongs to (a start over begins the next)
     messages: list[Message]  # the conversation it started with (a start from turn 0)
     override: str | None = None
     forked_from: str | None = None
@@ -199,6 +206,7 @@ class AttemptView:
             "attempt": self.attempt, "epoch": self.epoch, "resumed_from_turn": self.resumed_from_turn,
             "reason": self.reason, "topology": self.topology, "override": self.override,
             "forked_from": self.forked_from, "starts_over": self.starts_over, "started_seq": self.started_seq,
+            "ts_ms": self.ts_ms, "life": self.life,
             "location": self.location, "superseded_by": self.superseded_by, "fence_reason": self.fence_reason,
             "fences": self.fences,
             "turns": self.turns, "reused_turns": self.reused, "finished": self.finished, "crashed": self.crashed,
@@ -224,6 +232,7 @@ class Timeline:
     report: ReadReport = field(default_factory=ReadReport)
     selected_turn: int | None = None  # show only this turn (its every version)
     damaged: str | None = None  # why the events stop applying (a record lost): the timeline ends there
+    final: RolloutState | None = None  # the rollout's state after every event read (the fold's)
 
     @property
     def crashes(self) -> list[AttemptView]:
@@ -418,6 +427,7 @@ class _Builder:
         self.lineage = TokenLineage()
         self.calls: list[CallView] = []  # of the turn in progress
         self.mutations: list[MutationView] = []
+        self.signed = False  # a HeadCheckpoint came with the turn in progress
         self.life: list[TurnView] = []  # turns of the conversation as it stands (since the last start over)
         self.discarded: dict[int, int] = {}  # turn -> attempt whose version a restart discarded
 
@@ -425,7 +435,7 @@ class _Builder:
         event, where = item.event, str(item.location)
         h = event.header
         if self.state is None:
-            self.state = RolloutState(h.rollout_id, h.group_id)
+            self.state = self.t.final = RolloutState(h.rollout_id, h.group_id)
             self.t.group_id = h.group_id
         state = self.state
         starts_over = isinstance(event, AttemptStarted) and state.starts_over(event)
@@ -451,6 +461,8 @@ class _Builder:
                 h.attempt, h.epoch, h.turn, h.seq, where))
         elif isinstance(event, TurnCompleted):
             self._turn(event, where)
+        elif isinstance(event, HeadCheckpoint):  # audit only: the turn's chain heads are signed
+            self.signed = True
         elif isinstance(event, RolloutFinished):
             self.t.finished, self.t.reward, self.t.outcome = True, event.reward, state.outcome
             if self.t.attempts:
@@ -465,7 +477,8 @@ class _Builder:
         if self.t.attempts:
             self.t.attempts[-1].superseded_by = h.attempt
         view = AttemptView(h.attempt, h.epoch, event.resumed_from_turn, event.reason, event.topology, h.seq, where,
-                           list(event.messages), event.override, event.forked_from, starts_over)
+                           h.ts_ms, self.state.restarts, list(event.messages), event.override, event.forked_from,
+                           starts_over)
         if starts_over:
             for turn in self.life:
                 turn.discarded_by = h.attempt
@@ -476,7 +489,7 @@ class _Builder:
                 if turn.turn < event.resumed_from_turn:
                     turn.reused_by.append(h.attempt)
                     view.reused.append(turn.turn)
-        self.calls, self.mutations = [], []  # an attempt's uncommitted work never reaches the journal
+        self.calls, self.mutations, self.signed = [], [], False  # uncommitted work never reaches the journal
         self.t.attempts.append(view)
 
     def _call(self, event: ModelCall, where: str) -> None:
@@ -501,10 +514,10 @@ class _Builder:
             origin, _, at_turn = attempt.forked_from.rpartition("@")
             if at_turn.isdigit() and h.turn <= int(at_turn):
                 copied = f"{origin}@{h.turn}"
-        view = TurnView(h.turn, h.attempt, h.epoch, h.seq, where, list(event.messages), list(event.actions),
-                        event.reward, self.calls, self.mutations, dict(event.resource_revisions),
-                        redo_of=self.discarded.pop(h.turn, None), copied_from=copied)
-        self.calls, self.mutations = [], []
+        view = TurnView(h.turn, h.attempt, h.epoch, h.seq, where, h.ts_ms, self.state.restarts, list(event.messages),
+                        list(event.actions), event.reward, self.calls, self.mutations, dict(event.resource_revisions),
+                        redo_of=self.discarded.pop(h.turn, None), copied_from=copied, signed=self.signed)
+        self.calls, self.mutations, self.signed = [], [], False
         if attempt is not None:
             attempt.turns.append(h.turn)
         self.life.append(view)

@@ -572,3 +572,6 @@ def test_a_signed_fork_audits_clean_and_anchored_and_verifies(tmp_path: Path, ca
     audited_and_verified()  # the fork's copied turns are anchored as live turns are
     run_workload(config, resume=True)  # continues the fork
     audited_and_verified()
+    code, shown, _ = run_cli(capsys, "replay", "show", doc["fork_id"], "--journal", config.journal, "--json")
+    assert code == 0 and all(t["signed"] == bool(t["mutations"]) for t in shown["turns"])
+    assert {t["life"] for t in shown["turns"]} == {0}
