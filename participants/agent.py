@@ -120,6 +120,22 @@ def fails_the_rollout_alone(exc: BaseException) -> bool:
     return isinstance(exc, Exception) and not isinstance(exc, (JournalError, StaleEpochError))
 
 
+def snapshot_of(state: RolloutState, resource_states: dict[str, bytes], writer: str) -> SnapshotDraft:
+    """A snapshot of ``state`` covering every event applied to it, with these resource exports."""
+    state.record_exports(resource_states)
+    covers_seq = state.next_seq - 1  # every event applied so far
+    return SnapshotDraft(state.header(writer), "finished" if state.finished else "running", covers_seq,
+                         state.to_bytes())
+
+
+def head_checkpoint(signer: HeadSigner, state: RolloutState, env: Environment, writer: str,
+                    turn: int) -> RolloutEvent:
+    """The signed chain heads of every resource of a rollout, in this life of it (the agent's
+    after a turn's mutations; a fork's after each turn it copies)."""
+    heads = [ChainHead(rid, r.revision, r.chain_hash) for rid, r in sorted(env.resources.items())]
+    return signer.checkpoint(state.header(writer, turn=turn), state.restarts, heads)
+
+
 def mutation_event(header: Header, record: MutationRecord) -> ResourceMutation:
     return ResourceMutation(
         header=header, resource_id=record.resource_id, kind=record.kind, op=record.op,
@@ -224,13 +240,9 @@ class Agent:
     def snapshot_draft(self, live: LiveRollout, resource_states: dict[str, bytes] | None = None) -> SnapshotDraft:
         """The rollout's state as a snapshot; exportable resources export themselves
         unless ``resource_states`` (exported by a coordinated checkpoint) is given."""
-        state = live.state
         if resource_states is None:
             resource_states = {rid: self._export(live, r) for rid, r in live.env.resources.items() if r.supports_export}
-        state.record_exports(resource_states)
-        header = state.header(self.writer)
-        covers_seq = state.next_seq - 1  # every event applied so far
-        return SnapshotDraft(header, "finished" if state.finished else "running", covers_seq, state.to_bytes())
+        return snapshot_of(live.state, resource_states, self.writer)
 
     @staticmethod
     def _export(live: LiveRollout, resource: Resource) -> bytes:
@@ -288,8 +300,9 @@ class Agent:
         if not self.config.allow_early_submit and turn + 1 < self.config.max_turns and len(actions) > 1:
             actions = [a for a in actions if a != SUBMIT]
         trie = self._trie(actions)
+        seed, seed_rollout = live.spec.turn_seed_source(self.config.seed)
         params = SamplingParams(self.config.model.temperature, self.config.model.top_p,
-                                self.config.model.max_tokens, turn_seed(self.config.seed, rollout_id, turn))
+                                self.config.model.max_tokens, turn_seed(seed, seed_rollout, turn))
         call = await self.model.call(state, self.prompt_of(state), params, trie,
                                      f"{rollout_id}/a{state.attempt}/t{turn}/c0", writer=self.writer)
         self._applied(state, call.event, events)
@@ -333,8 +346,7 @@ class Agent:
 
     def head_checkpoint(self, live: LiveRollout, turn: int) -> RolloutEvent:
         """The signed heads of every resource of the rollout, in this life of it."""
-        heads = [ChainHead(rid, r.revision, r.chain_hash) for rid, r in sorted(live.env.resources.items())]
-        return self.signer.checkpoint(live.state.header(self.writer, turn=turn), live.state.restarts, heads)
+        return head_checkpoint(self.signer, live.state, live.env, self.writer, turn)
 
     async def _durable(self, live: LiveRollout, keep: int) -> None:
         """Wait (oldest first) until at most ``keep`` of the rollout's turns are not yet durable."""

@@ -446,6 +446,10 @@ class Resource(ABC):
         clean = _json_clean(dict(args or {}), f"args of query {op!r} on {self.resource_id!r}")
         return _json_clean(self._query(op, clean), f"result of query {op!r} on {self.resource_id!r}")
 
+    def canonical_state(self) -> object:
+        """The resource's state as plain JSON values: what its digest covers (``replay state`` shows it)."""
+        return _json_clean(self._canonical_state(), f"state of {self.resource_id!r}")
+
     def state_digest(self) -> str:
         """sha256 of the canonical JSON of the resource's state."""
         return sha256_hex(canonical_json(self._canonical_state()))

@@ -66,6 +66,13 @@ class RolloutSpec:
     sibling: int
     task_seed: int
     environment: str
+    seed: int | None = None  # sampling seed instead of the workload's (a fork run with another seed)
+    seed_rollout: str | None = None  # whose turn seeds it draws (a fork: its origin's, so it re-runs what that did)
+    forked_from: str | None = None  # "<rollout_id>@<turn>" for a fork (see participants.forks)
+
+    def turn_seed_source(self, workload_seed: int) -> tuple[int, str]:
+        """(seed, rollout id) the turn seeds of this rollout derive from."""
+        return (workload_seed if self.seed is None else self.seed), (self.seed_rollout or self.rollout_id)
 
 
 def full_prompt(head_tokens: np.ndarray, call: ModelCall) -> np.ndarray:

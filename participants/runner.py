@@ -11,7 +11,6 @@ are offered again from the journal, never recomputed.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -26,30 +25,16 @@ from journal.restore import RolloutHistory, load_rollouts, reload_rollout
 from .agent import Agent, JournalSink, LiveRollout, NullSink, durable
 from .checkpoint import CoordinatedCheckpointer, StateExporter
 from .resource_server import InProcessExporter
-from .config import TopologyChangedError, WorkloadConfig, name_problem
+from .config import TopologyChangedError, WorkloadConfig
 from .environments import Environment, make_environment
 from .generation import GenerationBackend
 from .model import ModelParticipant
 from .resources import Recovery, ResourceError
+from .specs import fork_specs, workload_specs
 from .rollout_state import RolloutSpec, RolloutState, StateFoldError, restore_state
 from .tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
-
-
-def workload_specs(config: WorkloadConfig) -> list[RolloutSpec]:
-    """The workload's rollouts, ``<name>-g<G>-s<S>``; a name the journal cannot key is refused
-    here too (a config built with ``model_copy`` skipped validation)."""
-    problem = name_problem(config.name)
-    if problem:
-        raise ConfigurationError(f"workload name {config.name!r} {problem}")
-    specs = []
-    for g in range(config.groups):
-        environment = config.environments[g % len(config.environments)]
-        task_seed = int.from_bytes(hashlib.sha256(f"{config.seed}/task/{g}".encode()).digest()[:4], "little")
-        for s in range(config.siblings):
-            specs.append(RolloutSpec(f"{config.name}-g{g}-s{s}", f"{config.name}-g{g}", s, task_seed, environment))
-    return specs
 
 
 @dataclass
@@ -164,11 +149,13 @@ class Runner:
         started = time.perf_counter()
         histories: dict[str, RolloutHistory] = {}
         registration: WorkloadRegistered | None = None
+        workloads: dict[str, WorkloadRegistered] = {}
         specs = workload_specs(self.config)
         if self.journal is not None:
             plan = load_rollouts(self.journal)
             histories = plan.rollouts
-            registration = plan.workloads.get(self.config.name)
+            workloads = plan.workloads
+            registration = workloads.get(self.config.name)
             report.restore.read_s, report.events_replayed = plan.seconds, plan.events_replayed
             report.read_errors = [str(e) for e in plan.report.errors]
             if not resume and (registration is not None or {s.rollout_id for s in specs} & histories.keys()):
@@ -177,6 +164,13 @@ class Runner:
                     "use `rollout-journal resume` to continue it, or point --journal at a fresh location"
                 )
         registered = set(registration.rollout_ids) if registration is not None else set()
+        own_ids = {s.rollout_id for s in specs}
+        if resume:  # forks of this workload's rollouts continue too (see participants.specs)
+            forks = [f for f in fork_specs(specs, workloads) if f.rollout_id in histories]
+            if forks and registration is None and not own_ids & histories.keys():
+                # A journal of forks only (`fork --journal-out`): the workload's own rollouts live elsewhere.
+                specs, own_ids = [], set()
+            specs += forks
         restored: dict[str, tuple[RolloutHistory, RolloutState]] = {}
         folding = time.perf_counter()
         for spec in specs:  # every state first: nothing starts before the topology is checked
@@ -219,9 +213,9 @@ class Runner:
         if histories:  # the resumed attempts' fences (a new rollout's first commit rides along, one group commit)
             report.restore.fence_s = time.perf_counter() - fencing
         stale_registration = registration is not None and registration.topology != self.config.topology()
-        if self.journal is not None and self.config.journaling and (
-                registered != {s.rollout_id for s in specs} or stale_registration):
-            await self._register_workload(specs)  # after the first commits: a registered rollout has a snapshot
+        if self.journal is not None and self.config.journaling and (registered != own_ids or stale_registration):
+            # after the first commits: a registered rollout has a snapshot
+            await self._register_workload([s for s in specs if s.rollout_id in own_ids])
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def drive(live: LiveRollout) -> None:
@@ -339,8 +333,12 @@ class Runner:
             state, env = self._rebuilt(spec, history, state, env, report)
             self.states[spec.rollout_id] = state
             committed = state.next_turn
-            reason = f"resume after crash at turn {committed}" if state.failure is None else \
-                f"resume at turn {committed} after attempt {state.attempt} failed: {state.failure}"
+            if spec.forked_from and state.attempt == 1:
+                reason = f"continue fork of {spec.forked_from} from turn {committed}"
+            elif state.failure is not None:
+                reason = f"resume at turn {committed} after attempt {state.attempt} failed: {state.failure}"
+            else:
+                reason = f"resume after crash at turn {committed}"
         self.restore.rebuild_s += time.perf_counter() - rebuilding
         live = LiveRollout(spec, state, env)
         events = self.agent.start_attempt(live, resumed_from_turn=0 if restart else committed, reason=reason,

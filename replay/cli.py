@@ -9,20 +9,18 @@ import os
 import sys
 from collections.abc import Iterable
 
-from journal.errors import (
-    AbortableCommitError,
-    ConfigurationError,
-    CorruptRecordError,
-    FatalJournalError,
-    FencedWriteError,
-    JournalClosedError,
-    JournalDamageError,
-    NotInJournalError,
-    ProducerFencedError,
-    RolloutJournalError,
-    WriterLockedError,
-    writer_fenced,
+from journal.errors import RolloutJournalError
+
+from .exit_codes import (
+    EXIT_CODES_HELP,
+    EXIT_INTERRUPTED,
+    EXIT_JOURNAL_DAMAGED,
+    EXIT_OK,
+    EXIT_ROLLOUTS_FAILED,
+    exit_code_for,
+    one_line,
 )
+from .terminal import BarProgress, emit
 
 DESCRIPTION = """\
 Turn-level crash recovery for multi-turn agentic RL rollouts.
@@ -34,78 +32,20 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal demo                 crash a workload with SIGKILL, resume it, compare
   rollout-journal run examples/demo.yaml
   rollout-journal resume examples/demo.yaml
-  rollout-journal list runs/journal    the rollouts a journal holds
-  rollout-journal show runs/journal demo-g0-s0
+  rollout-journal replay list --journal runs/journal          the rollouts a journal holds
+  rollout-journal replay show demo-g0-s0 --journal runs/journal   one rollout turn by turn
+  rollout-journal replay state demo-g0-s0/mail --revision 2 --journal runs/journal
+  rollout-journal replay report demo-g0-s0 --journal runs/journal --html report.html
   rollout-journal audit --journal runs/journal          every mutation; hash chains and signed heads
   rollout-journal verify --journal runs/journal         re-apply event-sourced mutations, compare digests
-  rollout-journal replay report demo-g0-s0 --journal runs/journal --html report.html
+  rollout-journal export --journal kafka://host:9092/ns --out runs/copy
+  rollout-journal export-training --journal runs/journal --out rollouts.pt
+  rollout-journal fork demo-g0-s0 --at-turn 2 --journal runs/journal
   rollout-journal kafka up             a local Kafka broker from Maven jars (no Docker)
 """
 
 # Exit codes of run/resume/demo, most specific error first. One table serves the mapping
 # and --help, so the two cannot drift apart.
-EXIT_OK = 0
-EXIT_ROLLOUTS_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INPUT = 3
-EXIT_TOPOLOGY_CHANGED = 4
-EXIT_JOURNAL_DAMAGED = 5
-EXIT_WRITER_TAKEN = 6
-EXIT_JOURNAL_FAILED = 7
-EXIT_OTHER = 8
-EXIT_INTERRUPTED = 130
-
-
-def _error_classes() -> list[tuple[tuple[type[BaseException], ...], int]]:
-    # imported here: participants is loaded only by the commands that need it
-    from participants.config import TopologyChangedError
-    from participants.environments import UnknownEnvironmentError
-    from participants.rollout_state import StateFoldError
-
-    return [
-        ((TopologyChangedError,), EXIT_TOPOLOGY_CHANGED),
-        ((ConfigurationError, UnknownEnvironmentError, NotInJournalError), EXIT_INPUT),
-        ((WriterLockedError, ProducerFencedError, FencedWriteError), EXIT_WRITER_TAKEN),
-        ((CorruptRecordError, JournalDamageError, StateFoldError), EXIT_JOURNAL_DAMAGED),
-        ((FatalJournalError, JournalClosedError, AbortableCommitError, OSError), EXIT_JOURNAL_FAILED),
-        ((RolloutJournalError,), EXIT_OTHER),
-    ]
-
-
-EXIT_CODES_HELP = f"""\
-exit codes (run, resume, demo; an error of any command ends with one of 3-8):
-  {EXIT_OK}    done
-  {EXIT_ROLLOUTS_FAILED}    the workload ran, but some rollouts failed or were set aside (each named on
-       stderr; the others finished); demo: the resumed run differs from the reference
-  {EXIT_USAGE}    bad command line
-  {EXIT_INPUT}    a workload file, journal location, name or setting was refused (nothing was created)
-  {EXIT_TOPOLOGY_CHANGED}    resume refused: the model, sampling, environment or max_turns differ from
-       the journal's (see resume --allow-topology-change)
-  {EXIT_JOURNAL_DAMAGED}    the journal is damaged or unreadable where the command needs it
-  {EXIT_WRITER_TAKEN}    another writer holds this journal or worker slot, or fenced this one
-  {EXIT_JOURNAL_FAILED}    the journal failed while writing or reading (I/O error, broker unreachable)
-  {EXIT_OTHER}    any other rollout-journal error
-  {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
-Errors are one line on stderr: rollout-journal: <what, naming the thing>.
-"""
-
-
-def exit_code_for(exc: BaseException) -> int:
-    """The documented exit code of an error the command line reports in one line."""
-    if writer_fenced(exc):  # also a journal stopped because its writer was fenced
-        return EXIT_WRITER_TAKEN
-    for classes, code in _error_classes():
-        if isinstance(exc, classes):
-            return code
-    return EXIT_OTHER
-
-
-def one_line(exc: BaseException) -> str:
-    """An error's message on one line (a message quoting a child's output or a parser's may span several)."""
-    text = " ".join(part.strip() for part in str(exc).splitlines() if part.strip())
-    if isinstance(exc, OSError) and exc.strerror:  # `[Errno 28] No space left on device: 'x'` -> the words
-        text = f"{exc.strerror}: {exc.filename}" if exc.filename else exc.strerror
-    return text or type(exc).__name__
 
 
 def _positive_int(text: str) -> int:
@@ -156,19 +96,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="kill after this many committed turns instead of a random point")
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
-    listing = sub.add_parser("list", help="the rollouts a journal holds (reads only)")
-    listing.add_argument("journal", help="a journal directory or kafka://host:port/namespace")
-    show = sub.add_parser("show", help="one rollout turn by turn: conversation, model calls, mutations (reads only)")
-    show.add_argument("journal", help="a journal directory or kafka://host:port/namespace")
-    show.add_argument("rollout", help="rollout id (see `list`)")
-    show.add_argument("--tokens", action="store_true", help="also print output token ids and logprobs")
+    replay = add_replay_commands(sub)
 
     from . import audit, report_html, verify
     audit.add_command(sub)
     verify.add_command(sub)
-    replay = sub.add_parser("replay", help="look back at a journal: report (reads only)")
-    replay_sub = replay.add_subparsers(dest="replay_command", required=True, metavar="REPLAY_COMMAND")
-    report_html.add_command(replay_sub)
+    report_html.add_command(replay)
 
     from compose.cli import register_kafka_commands
     register_kafka_commands(sub)
@@ -243,38 +176,127 @@ def _demo(args: argparse.Namespace) -> int:
     return EXIT_OK if good else EXIT_ROLLOUTS_FAILED
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    from journal.journal import ReadReport
-    from journal.open import open_journal
-    from participants.tokenizer import default_tokenizer
+# -- replay commands: each parses its arguments, calls one library function, prints ---------------
 
-    from .inspect import list_rollouts, show_rollout
+def _journal_arguments(p: argparse.ArgumentParser, *, positional: bool = False) -> None:
+    p.add_argument("--journal", metavar="PATH_OR_URL", help="a file journal directory or kafka://host:port/namespace")
+    if positional:  # `list JOURNAL` / `show JOURNAL ROLLOUT`, as before --journal existed
+        p.add_argument("journal_path", nargs="?", metavar="JOURNAL", help="the journal, as --journal")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
 
-    with open_journal(args.journal, writer="inspect", read_only=True) as journal:
-        if args.command == "list":
-            listing = list_rollouts(journal)
-            print(f"{'rollout':<24} {'group':<18} {'attempts':>8} {'turns':>6} {'calls':>6} {'mutations':>9}  status")
-            for row in listing.rollouts.values():
-                status = ("acknowledged" if row.acknowledged else "finished") if row.finished else "running"
-                if row.rollout_id in listing.damaged:
-                    status = "damaged"
-                reward = f" reward {row.reward:.3f}" if row.reward is not None else ""
-                print(f"{row.rollout_id:<24} {row.group_id:<18} {row.attempt:>8} {row.next_turn:>6} "
-                      f"{row.model_calls:>6} {row.mutation_count:>9}  {status}{reward}")
-            for rollout_id, why in listing.damaged.items():
-                print(f"note: rollout {rollout_id} is damaged: {why}", file=sys.stderr)
-            problems = listing.report
-        else:
-            problems = ReadReport()
-            try:
-                for line in show_rollout(journal, args.rollout, default_tokenizer(), token_ids=args.tokens,
-                                         report=problems):
-                    print(line)
-            except KeyError as exc:
-                raise NotInJournalError(exc.args[0]) from None
-    for problem in [*problems.errors, *problems.fenced]:
-        print(f"note: {problem}", file=sys.stderr)
-    return 0
+
+def _source(args: argparse.Namespace):
+    from .source import open_replay
+
+    location = args.journal or getattr(args, "journal_path", None)
+    if not location:
+        raise RolloutJournalError("name the journal: --journal PATH_OR_URL (a directory or kafka://host:port/ns)")
+    return open_replay(location)
+
+
+def add_replay_commands(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """``list``, ``show``, ``export``, ``export-training``, ``fork``, and ``replay list|show|state``;
+    returns the ``replay`` group, for more of its commands. A command sets ``run`` (its handler:
+    open the journal with ``_source``, call one library function, ``emit`` the result)."""
+    replay = sub.add_parser("replay", help="look at a journal: list, show, state, report (reads only)").add_subparsers(
+        dest="replay_command", required=True, metavar="COMMAND")
+    for group in (sub, replay):
+        p = group.add_parser("list", help="every rollout: group, status, attempts, turns, reward, policy versions")
+        _journal_arguments(p, positional=True)
+        p.add_argument("--status", action="append", choices=["running", "finished", "acknowledged", "damaged"],
+                       help="only rollouts in this status (repeat for several)")
+        p.add_argument("--group", help="only this prompt group")
+        p.add_argument("--min-attempts", type=int, default=0, metavar="N", help="only rollouts with N attempts or more")
+        p.add_argument("--crashed", action="store_true",
+                       help="only rollouts a crash hit (an attempt superseded, or the last one unfinished)")
+        p.set_defaults(run=_list)
+        p = group.add_parser("show", help="one rollout turn by turn: attempts, crash points, calls, mutations")
+        _journal_arguments(p, positional=True)
+        p.add_argument("rollout", help="rollout id (see `list`)")
+        p.add_argument("--turn", type=int, metavar="K", help="only turn K (every attempt's version), with token detail")
+        p.add_argument("--tokens", action="store_true", help="token ids, logprobs and who made each token, every call")
+        p.add_argument("--tokenizer", action="append", metavar="PATH",
+                       help="tokenizer.json of a policy the built-in tokenizer did not write (checked if it can be)")
+        p.add_argument("--no-decode", action="store_true", help="token ids only, no text")
+        p.set_defaults(run=_show)
+    p = replay.add_parser("state", help="a resource's state at a revision, rebuilt from the journal")
+    _journal_arguments(p)
+    p.add_argument("resource", help="resource id: <rollout>/<name>, e.g. demo-g0-s0/mail (see `show`)")
+    p.add_argument("--revision", type=int, required=True, metavar="R")
+    p.add_argument("--life", type=int, metavar="N", help="which life of a restart-only resource (default: the last)")
+    p.set_defaults(run=_state)
+    p = sub.add_parser("export", help="copy a journal (a Kafka namespace) into a file journal, verified")
+    _journal_arguments(p)
+    p.add_argument("--out", required=True, metavar="DIR", help="a new directory for the file journal")
+    p.set_defaults(run=_export)
+    p = sub.add_parser("export-training", help="torch tensors for a trainer: tokens, logprobs, loss mask, reward")
+    _journal_arguments(p)
+    p.add_argument("--out", required=True, metavar="FILE", help="where to torch.save them")
+    p.add_argument("--unfinished", action="store_true", help="also rollouts that have not finished (reward NaN)")
+    p.set_defaults(run=_export_training)
+    p = sub.add_parser("fork", help="a new lineage of a rollout from the state after turn K; `resume` continues it")
+    _journal_arguments(p)
+    p.add_argument("rollout", help="rollout id to fork")
+    p.add_argument("--at-turn", type=int, required=True, metavar="K", help="the fork keeps turns 0..K, runs K+1 on")
+    p.add_argument("--seed", type=int, help="sample with this seed (default: the origin's turn seeds)")
+    p.add_argument("--journal-out", metavar="PATH_OR_URL", help="write the fork there (default: --journal)")
+    p.set_defaults(run=_fork)
+    return replay
+
+
+def _list(args: argparse.Namespace) -> int:
+    from .listing import RolloutFilter, list_rollouts
+
+    where = RolloutFilter(frozenset(args.status or ()), args.group, args.min_attempts, args.crashed)
+    with _source(args) as source:
+        return emit(list_rollouts(source, where, BarProgress("list")), as_json=args.json)
+
+
+def _show(args: argparse.Namespace) -> int:
+    from .timeline import build_timeline
+    from .tokenizers import TokenizerCatalog
+
+    catalog = None if args.no_decode else TokenizerCatalog(args.tokenizer)
+    with _source(args) as source:
+        timeline = build_timeline(source, args.rollout, catalog=catalog, turn=args.turn, progress=BarProgress("show"))
+    return emit(timeline, as_json=args.json, lines=timeline.text(tokens=args.tokens))
+
+
+def _state(args: argparse.Namespace) -> int:
+    from .resource_state import resource_state
+
+    with _source(args) as source:
+        found = resource_state(source, args.resource, args.revision, life=args.life, progress=BarProgress("state"))
+    return emit(found, as_json=args.json)
+
+
+def _export(args: argparse.Namespace) -> int:
+    from .export import export_journal
+
+    with _source(args) as source:
+        report = export_journal(source, args.out, progress=BarProgress("export"))
+    code = emit(report, as_json=args.json)
+    if not report.verified:
+        print(f"rollout-journal: the copy at {args.out} does not match the source (see the counts and checksums above)",
+              file=sys.stderr)
+        return EXIT_JOURNAL_DAMAGED
+    return code
+
+
+def _export_training(args: argparse.Namespace) -> int:
+    from .training import export_training
+
+    with _source(args) as source:
+        return emit(export_training(source, args.out, unfinished=args.unfinished,
+                                    progress=BarProgress("export-training")), as_json=args.json)
+
+
+def _fork(args: argparse.Namespace) -> int:
+    from .fork import fork_rollout
+
+    with _source(args) as source:
+        return emit(fork_rollout(source, args.rollout, args.at_turn, seed=args.seed, journal_out=args.journal_out,
+                                 progress=BarProgress("fork")), as_json=args.json)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,8 +308,6 @@ def main(argv: list[str] | None = None) -> int:
             return _workload(args, resume=args.command == "resume")
         if args.command == "demo":
             return _demo(args)
-        if args.command in ("list", "show"):
-            return _inspect(args)
         if args.command == "audit":
             from . import audit
             return audit.run_command(args)
@@ -297,6 +317,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "replay" and args.replay_command == "report":
             from . import report_html
             return report_html.run_command(args)
+        if hasattr(args, "run"):
+            return args.run(args)
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)

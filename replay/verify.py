@@ -19,18 +19,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 
-from journal.errors import ConfigurationError, NotInJournalError
+from journal.errors import NotInJournalError
 from journal.events import AttemptStarted, ResourceMutation, RolloutFinished, WorkloadRegistered
 from journal.journal import JournaledEvent, ReadReport
-from participants.config import WorkloadConfig
 from participants.environments import Environment, make_environment
 from participants.resources import Recovery, ResourceError
 from participants.rollout_state import RolloutProgress, RolloutSpec, StateFoldError, mutation_record
-from participants.runner import workload_specs
+from participants.specs import registered_specs
 
 from .scanning import add_journal_argument, open_for_reading, with_progress
 
@@ -72,17 +70,9 @@ class VerifyReport:
 
 
 def rollout_specs(workloads: Mapping[str, WorkloadRegistered]) -> dict[str, RolloutSpec]:
-    """Each registered rollout's spec (environment, task seed), from its workload's registration."""
-    specs: dict[str, RolloutSpec] = {}
-    for name, registration in workloads.items():
-        try:
-            config = WorkloadConfig.model_validate_json(registration.spec_json)
-        except ValueError as exc:
-            raise ConfigurationError(f"workload {name!r}: its registration's spec does not validate as a workload "
-                                     f"({exc}); written by another version?") from None
-        registered = set(registration.rollout_ids)
-        specs.update((s.rollout_id, s) for s in workload_specs(config) if s.rollout_id in registered)
-    return specs
+    """Each registered rollout's spec (environment, task seed), from its workload's registration
+    (a fork's: from its own, see ``participants.specs``)."""
+    return registered_specs(workloads)
 
 
 @dataclass

@@ -19,7 +19,7 @@ from participants.config import WorkloadConfig
 from participants.runner import workload_specs
 from participants.workload import run_workload
 from replay.audit import AuditSummary, Problem, audit_events
-from replay.cli import EXIT_INPUT
+from replay.exit_codes import EXIT_INPUT
 from replay.cli import main as cli_main
 from tests.journal_tamper import TamperedLog
 
@@ -328,7 +328,7 @@ def test_the_command_lists_mutations_and_says_the_heads_verify(pristine: dict[st
     assert resource in out and "chain ok" in out and "all verify" in out
 
 
-def test_an_unknown_resource_is_one_line_and_exit_2(pristine: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
+def test_an_unknown_resource_is_one_line_and_an_input_exit_code(pristine: dict[str, Path], capsys: pytest.CaptureFixture) -> None:
     assert cli_main(["audit", "nobody/mail", "--journal", str(pristine["unsigned"])]) == EXIT_INPUT
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err.count("\n") == 1 and "'nobody/mail'" in captured.err

@@ -16,7 +16,7 @@ from participants.config import WorkloadConfig
 from participants.runner import workload_specs
 from participants.workload import run_workload
 from replay.audit import audit_events
-from replay.cli import EXIT_INPUT
+from replay.exit_codes import EXIT_INPUT
 from replay.cli import main as cli_main
 from replay.verify import verify_journal
 from tests.journal_tamper import TamperedLog
@@ -118,7 +118,7 @@ def test_verify_names_the_first_record_that_rebuilds_differently(tmp_path: Path,
     assert f"first divergence: {resource} r{changed.revision} at {where[id(rechained)]}" in capsys.readouterr().out
 
 
-def test_verify_an_unknown_resource_is_one_line_and_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_verify_an_unknown_resource_is_one_line_and_an_input_exit_code(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     crashed_and_resumed(str(tmp_path / "journal"), None, max_turns=2, crash_at=1)
     assert cli_main(["verify", "nobody/mail", "--journal", str(tmp_path / "journal")]) == EXIT_INPUT
     err = capsys.readouterr().err

@@ -86,3 +86,21 @@ def test_signing_cost_reports_per_checkpoint_and_end_to_end(tmp_path: Path) -> N
     assert e2e["turns_per_run"] == 6 and e2e["checkpoints_per_run"] > 0  # the signed runs did sign
     for key in ("turns_per_s_signed", "turns_per_s_plain", "signing_overhead", "signing_cpu_overhead"):
         assert key in e2e
+
+
+@pytest.mark.kafka
+def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "replay_scan.py"), "--json", "--events", "1200", "--rollouts", "20",
+         "--growth", "4", "--rounds", "1", "--prompt-delta", "64", "--output", "16"],
+        capture_output=True, text=True, timeout=300, env=os.environ | {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["journals"]["large"]["events"] == 20 * (1 + 3 * 19)
+    assert report["journals"]["small"]["events"] == 20 * (1 + 3 * 4)
+    for key in ("raw_events_per_s", "list_events_per_s", "ratio"):
+        assert report[key] > 0
+    for size in ("small", "large"):
+        assert report["memory"][size]["peak_rss_mb"] > 0 and report["memory"][size]["traced_peak_mb"] > 0
+    assert report["memory_growth"]["events"] > 3

@@ -12,15 +12,8 @@ from pathlib import Path
 import pytest
 
 from journal.file_backend import FileBackend
-from replay.cli import (
-    EXIT_INPUT,
-    EXIT_OK,
-    EXIT_USAGE,
-    EXIT_WRITER_TAKEN,
-    build_parser,
-    exit_code_for,
-    main,
-)
+from replay.cli import build_parser, main
+from replay.exit_codes import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_WRITER_TAKEN, exit_code_for
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = "name: cli\ngroups: 1\nsiblings: 1\nmax_turns: 1\nenvironment: counter\n"
@@ -154,9 +147,10 @@ def test_demo_refuses_an_empty_journal_location(workdir, capsys) -> None:
 
 def test_the_exit_codes_are_documented_in_help_and_distinct() -> None:
     text = build_parser().format_help()
-    assert "exit codes (run, resume, demo" in text
-    from replay import cli
-    codes = {name: value for name, value in vars(cli).items() if name.startswith("EXIT_") and isinstance(value, int)}
+    assert "exit codes (" in text
+    from replay import exit_codes
+    codes = {name: value for name, value in vars(exit_codes).items()
+             if name.startswith("EXIT_") and isinstance(value, int)}
     assert len(set(codes.values())) == len(codes), codes
     for code in codes.values():
         assert f"\n  {code} " in text, f"exit code {code} is not documented in --help"
@@ -165,12 +159,12 @@ def test_the_exit_codes_are_documented_in_help_and_distinct() -> None:
 def test_every_error_class_maps_to_a_documented_code() -> None:
     from journal.errors import CorruptRecordError, RecordLocation, WriterLockedError
     from participants.config import TopologyChangedError
-    from replay import cli
+    from replay import exit_codes
 
     assert exit_code_for(WriterLockedError("x")) == EXIT_WRITER_TAKEN
-    assert exit_code_for(CorruptRecordError(RecordLocation("t", 0, 1), "bad")) == cli.EXIT_JOURNAL_DAMAGED
-    assert exit_code_for(TopologyChangedError("x")) == cli.EXIT_TOPOLOGY_CHANGED
-    assert exit_code_for(PermissionError(13, "Permission denied")) == cli.EXIT_JOURNAL_FAILED
+    assert exit_code_for(CorruptRecordError(RecordLocation("t", 0, 1), "bad")) == exit_codes.EXIT_JOURNAL_DAMAGED
+    assert exit_code_for(TopologyChangedError("x")) == exit_codes.EXIT_TOPOLOGY_CHANGED
+    assert exit_code_for(PermissionError(13, "Permission denied")) == exit_codes.EXIT_JOURNAL_FAILED
 
 
 def test_the_installed_entry_point_prints_one_line_and_the_code(tmp_path: Path) -> None:

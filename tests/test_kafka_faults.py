@@ -39,7 +39,7 @@ from journal.backend import OutRecord, Stream, partition_for
 from journal.errors import AbortableCommitError, FatalJournalError, JournalError
 from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings
-from replay.cli import EXIT_WRITER_TAKEN as EXIT_FENCED
+from replay.exit_codes import EXIT_WRITER_TAKEN as EXIT_FENCED
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
 

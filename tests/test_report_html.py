@@ -11,7 +11,7 @@ import pytest
 
 from journal.anchoring import HeadSigner
 from participants.runner import workload_specs
-from replay.cli import EXIT_INPUT
+from replay.exit_codes import EXIT_INPUT
 from replay.cli import main as cli_main
 from tests.headless_chromium import HeadlessChromium
 from tests.test_audit import crashed_and_resumed

@@ -18,7 +18,8 @@ from journal.open import open_journal
 from participants.config import WorkloadConfig
 from participants.runner import Runner, workload_specs
 from participants.workload import build_backend, run_workload
-from replay.cli import EXIT_ROLLOUTS_FAILED, main
+from replay.cli import main
+from replay.exit_codes import EXIT_ROLLOUTS_FAILED
 from tests.recovery_support import assert_identical, reference_outcomes
 
 

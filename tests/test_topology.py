@@ -14,7 +14,8 @@ from journal.open import open_journal
 from participants.config import TopologyChangedError, WorkloadConfig
 from participants.runner import workload_specs
 from participants.workload import run_workload
-from replay.cli import EXIT_OK, EXIT_TOPOLOGY_CHANGED, main
+from replay.cli import main
+from replay.exit_codes import EXIT_OK, EXIT_TOPOLOGY_CHANGED
 
 
 def crashed_workload(tmp_path: Path) -> WorkloadConfig:

@@ -1,0 +1,282 @@
+"""How fast ``replay list`` scans a Kafka journal, against a raw consumer reading the
+same topic in the same run, and how its memory grows with the journal.
+
+    python bench/replay_scan.py [--events 1000000] [--growth 10] [--rollouts 1000] [--rounds 3] [--json]
+
+Two journals are written to fresh namespaces of one broker: ``--events`` events and
+``--events / --growth`` events, with the same ``--rollouts`` rollouts (the larger has
+``--growth`` times the turns: the history grows, not the set of rollouts). A turn
+is a model call (``--prompt-delta`` prompt-delta tokens, ``--output`` sampled tokens
+and their logprobs), a resource mutation and a ``TurnCompleted``, as in
+``bench/journal_throughput.py``; each rollout starts with an ``AttemptStarted``.
+The records are encoded once and produced with a plain idempotent producer.
+
+Speed, on the larger journal, ``--rounds`` rounds of two back-to-back scans:
+
+- baseline: a raw confluent-kafka consumer with the journal reader's own config
+  (read_committed, same fetch settings), assigned every partition, draining it
+  in batches (``consume``) and touching each value: what the broker and the
+  client deliver;
+- ``replay list``: ``replay.list_rollouts`` over the same topic: decode every
+  record, fence it, apply it to its rollout's ``RolloutProgress``.
+
+``ratio`` is the median of the per-round ratios (list events/s over raw events/s). Each
+round also times the journal's own Kafka backend reading the same records undecoded
+(``backend_ratio``): the transport share of the gap, the rest being Avro decoding,
+fencing and the fold (``us_per_event``).
+
+Memory: ``replay list`` runs once per journal in a fresh child process, which
+reports its peak RSS (``ru_maxrss``) and, in a second child, the peak of Python
+allocations (``tracemalloc``). ``memory_growth`` is large over small: 1.0 is flat.
+
+The topics are deleted at the end (``--keep`` keeps them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import kafka_bootstrap, turn_events  # noqa: E402
+from journal.backend import partition_for  # noqa: E402
+from journal.codec import Codec  # noqa: E402
+from journal.events import AttemptStarted, Header, Message  # noqa: E402
+from journal.kafka_backend import KafkaBackend  # noqa: E402
+from journal.kafka_config import KafkaSettings  # noqa: E402
+
+PARTITIONS = 8
+
+
+def url(bootstrap: str, namespace: str) -> str:
+    return f"kafka://{bootstrap}/{namespace}?partitions={PARTITIONS}"
+
+
+def write_journal(location: str, rollouts: int, turns: int, prompt_delta: int, output: int) -> tuple[int, int]:
+    """A journal of ``rollouts`` rollouts x ``turns`` turns, produced raw; (events, value bytes)."""
+    from confluent_kafka import Producer
+
+    settings = KafkaSettings.from_url(location)
+    KafkaBackend(settings, transactional=False, create_topics=True).close()
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 20, "batch.size": 1 << 20, "compression.type": "none"})
+    codec = Codec()
+    rng = np.random.default_rng(0)
+    events = size = 0
+
+    def produce(key: str, value: bytes) -> None:
+        while True:
+            try:
+                producer.produce(settings.events_topic, value, key.encode(), partition=partition_for(key, PARTITIONS))
+                return
+            except BufferError:  # the local queue is full: let it drain
+                producer.poll(0.05)
+
+    for r in range(rollouts):
+        rid = f"bench-g{r // 4}-s{r % 4}"
+        start = AttemptStarted(Header(rid, rid.rsplit("-", 1)[0], 1, 1, 0, 0, Header.now_ms(), "bench"), 0, "topology",
+                               "new rollout", [Message("system", "bench"), Message("user", "task")])
+        records = [start]
+        for t in range(turns):
+            records += turn_events(rid, t, 1 + 3 * t, rng, prompt_delta=prompt_delta, output=output)
+        for record in records:
+            value = codec.encode(record)
+            produce(rid, value)
+            events += 1
+            size += len(value)
+        producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError(f"{location}: records still undelivered after 120 s")
+    return events, size
+
+
+def raw_scan(location: str) -> tuple[int, float]:
+    """(records, seconds) of a raw consumer draining the events topic."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+    backend = KafkaBackend(KafkaSettings.from_url(location), transactional=False, create_topics=False)
+    config = {k: v for k, v in backend.consumer_config().items() if k not in ("logger", "error_cb")}
+    topic = backend.events_topic
+    backend.close()
+    consumer = Consumer(config)
+    started = time.perf_counter()
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    pending, records = set(range(PARTITIONS)), 0
+    while pending:
+        for message in consumer.consume(1000, 0.5):
+            error = message.error()
+            if error is not None:
+                if error.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(message.partition())
+                continue
+            message.value()
+            records += 1
+    seconds = time.perf_counter() - started
+    consumer.close()
+    return records, seconds
+
+
+def backend_scan(location: str) -> tuple[int, float]:
+    """(records, seconds) of the journal's Kafka backend reading every event record, undecoded:
+    the transport part of what ``replay list`` does."""
+    from replay import open_replay
+
+    started = time.perf_counter()
+    with open_replay(location) as source:
+        records = sum(1 for _ in source.stored_events())
+    return records, time.perf_counter() - started
+
+
+def list_scan(location: str) -> tuple[int, float]:
+    """(events, seconds) of ``replay list`` over the journal."""
+    from replay import list_rollouts, open_replay
+
+    started = time.perf_counter()
+    with open_replay(location) as source:
+        listing = list_rollouts(source)
+    seconds = time.perf_counter() - started
+    if listing.report.errors or any(r.damaged for r in listing.rows):
+        raise RuntimeError(f"{location}: the scan found problems: {listing.report.errors[:3]}")
+    return listing.events, seconds
+
+
+def memory_child(location: str, traced: bool) -> dict:
+    """``replay list`` in a fresh process: its peak RSS, or the peak of its Python allocations."""
+    done = subprocess.run([sys.executable, __file__, "--child", location] + (["--traced"] if traced else []),
+                          capture_output=True, text=True, timeout=3600)
+    if done.returncode != 0:
+        raise RuntimeError(f"memory child failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout)
+
+
+def child(location: str, traced: bool) -> None:
+    import tracemalloc
+
+    if traced:
+        tracemalloc.start()
+    events, seconds = list_scan(location)
+    report = {"events": events, "seconds": seconds,
+              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if traced:
+        report["traced_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
+    print(json.dumps(report))
+
+
+def delete_topics(bootstrap: str, namespaces: list[str]) -> None:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    topics = [f"{ns}.{stream}" for ns in namespaces for stream in ("events", "snapshots")]
+    for future in admin.delete_topics(topics, operation_timeout=60).values():
+        try:
+            future.result()
+        except Exception as exc:  # noqa: BLE001 - cleanup: say so, keep going
+            print(f"could not delete a bench topic: {exc}", file=sys.stderr)
+
+
+def measure(args: argparse.Namespace, bootstrap: str) -> dict:
+    turns_large = max(1, (args.events // args.rollouts - 1) // 3)
+    turns_small = max(1, turns_large // args.growth)
+    tag = uuid.uuid4().hex[:6]
+    namespaces = {"small": f"replay-scan-{tag}-small", "large": f"replay-scan-{tag}-large"}
+    report: dict = {"rollouts": args.rollouts, "partitions": PARTITIONS, "prompt_delta_tokens": args.prompt_delta,
+                    "output_tokens": args.output, "journals": {}}
+    try:
+        for size, turns in (("small", turns_small), ("large", turns_large)):
+            location = url(bootstrap, namespaces[size])
+            say(f"writing the {size} journal: {args.rollouts} rollouts x {turns} turns")
+            events, size_bytes = write_journal(location, args.rollouts, turns, args.prompt_delta, args.output)
+            report["journals"][size] = {"events": events, "turns_per_rollout": turns, "value_mb": size_bytes / 2**20}
+        large = url(bootstrap, namespaces["large"])
+        rounds = []
+        for i in range(args.rounds):
+            say(f"round {i + 1}/{args.rounds}: raw consumer scan, journal backend read, replay list scan")
+            raw_records, raw_s = raw_scan(large)
+            backend_records, backend_s = backend_scan(large)
+            listed, list_s = list_scan(large)
+            if not raw_records == backend_records == listed:
+                raise RuntimeError(f"the raw scan read {raw_records} records, the backend {backend_records}, "
+                                   f"replay list {listed} events")
+            rounds.append({"raw_events_per_s": raw_records / raw_s, "backend_events_per_s": backend_records / backend_s,
+                           "list_events_per_s": listed / list_s, "ratio": raw_s / list_s,
+                           "backend_ratio": raw_s / backend_s})
+        report["rounds"] = rounds
+        for key in ("raw_events_per_s", "backend_events_per_s", "list_events_per_s", "ratio", "backend_ratio"):
+            report[key] = statistics.median(r[key] for r in rounds)
+        # where a list scan's time goes, per event (medians): the transport, then decode + fence + fold
+        report["us_per_event"] = {
+            "raw_consumer": 1e6 / report["raw_events_per_s"],
+            "journal_backend_read": 1e6 / report["backend_events_per_s"],
+            "replay_list": 1e6 / report["list_events_per_s"],
+        }
+        memory = {}
+        for size in ("small", "large"):
+            say(f"memory of replay list over the {size} journal (two child processes)")
+            location = url(bootstrap, namespaces[size])
+            memory[size] = memory_child(location, traced=False) | {
+                "traced_peak_mb": memory_child(location, traced=True)["traced_peak_mb"]}
+        report["memory"] = memory
+        report["memory_growth"] = {
+            "events": report["journals"]["large"]["events"] / report["journals"]["small"]["events"],
+            "peak_rss": memory["large"]["peak_rss_mb"] / memory["small"]["peak_rss_mb"],
+            "traced_peak": memory["large"]["traced_peak_mb"] / memory["small"]["traced_peak_mb"],
+        }
+    finally:
+        if not args.keep:
+            delete_topics(bootstrap, list(namespaces.values()))
+    return report
+
+
+def say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--events", type=int, default=1_000_000, help="events in the larger journal")
+    parser.add_argument("--growth", type=int, default=10, help="the larger journal holds this many times the turns")
+    parser.add_argument("--rollouts", type=int, default=1000)
+    parser.add_argument("--prompt-delta", type=int, default=1024, help="prompt-delta tokens per model call")
+    parser.add_argument("--output", type=int, default=256, help="sampled tokens (and logprobs) per model call")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--keep", action="store_true", help="keep the bench topics")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.traced)
+        return 0
+    with kafka_bootstrap() as bootstrap:
+        report = measure(args, bootstrap)
+    report["command"] = " ".join(["python bench/replay_scan.py", *sys.argv[1:]])
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        j = report["journals"]
+        rounds = ", ".join(f"{r['ratio']:.2f}" for r in report["rounds"])
+        print(f"replay list over {j['large']['events']:,} events ({args.rollouts} rollouts): "
+              f"{report['list_events_per_s']:,.0f} events/s; raw consumer {report['raw_events_per_s']:,.0f}/s; "
+              f"ratio {report['ratio']:.2f} (rounds: {rounds}); the backend's undecoded read alone "
+              f"{report['backend_events_per_s']:,.0f}/s ({report['backend_ratio']:.2f})")
+        g = report["memory_growth"]
+        print(f"memory, journal grown {g['events']:.1f}x: peak RSS {report['memory']['small']['peak_rss_mb']:.0f} -> "
+              f"{report['memory']['large']['peak_rss_mb']:.0f} MB ({g['peak_rss']:.2f}x), Python peak "
+              f"{report['memory']['small']['traced_peak_mb']:.1f} -> {report['memory']['large']['traced_peak_mb']:.1f} MB "
+              f"({g['traced_peak']:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""``replay list``: every rollout a journal holds, with where it stands.
+
+One pass over the whole journal; each rollout's events are applied to its
+``RolloutProgress`` exactly as restore applies them, so a row is what attempt
+N+1 would see. Memory: one bounded row per rollout, whatever the history.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from journal.journal import ReadReport
+from participants.rollout_state import RolloutProgress, StateFoldError
+from participants.specs import forks_in
+
+from .progress import Progress
+from .source import ReplaySource
+from .table import table
+
+STATUSES = ("running", "finished", "acknowledged", "damaged")
+
+
+@dataclass
+class RolloutRow:
+    """One rollout as the journal holds it."""
+
+    progress: RolloutProgress
+    damaged: str | None = None  # why its events do not apply in order
+    forked_from: str | None = None  # "<rollout>@<turn>" for a fork
+
+    @property
+    def rollout_id(self) -> str:
+        return self.progress.rollout_id
+
+    @property
+    def status(self) -> str:
+        """running (its last attempt has not finished: still running, or crashed and not resumed),
+        finished, acknowledged (the trainer took it), damaged."""
+        p = self.progress
+        if self.damaged is not None:
+            return "damaged"
+        if p.acknowledged:
+            return "acknowledged"
+        return "finished" if p.finished else "running"
+
+    @property
+    def crashes(self) -> int:
+        """Attempts a later attempt superseded (a crash, then a resume); a fork's first attempt,
+        which only copied its origin's turns, is not one."""
+        return max(0, self.progress.attempt - 1 - (1 if self.forked_from else 0))
+
+    @property
+    def crashed(self) -> bool:
+        """A crash hit it: an attempt was superseded, or its last attempt stopped unfinished."""
+        return self.crashes > 0 or self.status in ("running", "damaged")
+
+    def as_json(self) -> dict:
+        p = self.progress
+        return {
+            "rollout_id": p.rollout_id, "group_id": p.group_id, "status": self.status,
+            "attempts": p.attempt, "epoch": p.epoch, "turns": p.next_turn, "reward": p.reward,
+            "policy_versions": list(p.policy_versions), "model_calls": p.model_calls,
+            "mutations": p.mutation_count, "restarts": p.restarts, "crashes": self.crashes,
+            "forked_from": self.forked_from, "damaged": self.damaged,
+        }
+
+
+@dataclass(frozen=True)
+class RolloutFilter:
+    """Which rows ``replay list`` shows; every condition given must hold."""
+
+    statuses: frozenset[str] = frozenset()  # empty: any
+    group: str | None = None
+    min_attempts: int = 0
+    crashed: bool = False
+
+    def admits(self, row: RolloutRow) -> bool:
+        return ((not self.statuses or row.status in self.statuses)
+                and (self.group is None or row.progress.group_id == self.group)
+                and row.progress.attempt >= self.min_attempts
+                and (not self.crashed or row.crashed))
+
+
+@dataclass
+class Listing:
+    """What ``replay list`` found: the rows that pass the filter, and what the read stepped over."""
+
+    location: str
+    rows: list[RolloutRow] = field(default_factory=list)
+    scanned: int = 0  # rollouts in the journal, before filtering
+    events: int = 0
+    report: ReadReport = field(default_factory=ReadReport)
+
+    def as_json(self) -> dict:
+        return {"journal": self.location, "rollouts": [r.as_json() for r in self.rows],
+                "shown": len(self.rows), "rollouts_in_journal": self.scanned, "events": self.events}
+
+    def text(self) -> Iterator[str]:
+        rows = [[r.rollout_id, r.progress.group_id, r.status, r.progress.attempt, r.crashes, r.progress.next_turn,
+                 "-" if r.progress.reward is None else f"{r.progress.reward:.3f}",
+                 ", ".join(r.progress.policy_versions) or "-", r.forked_from or ""] for r in self.rows]
+        yield from table(["rollout", "group", "status", "attempts", "crashes", "turns", "reward",
+                          "policy versions", "forked from"], rows, numeric={3, 4, 5, 6})
+        yield f"{len(self.rows)} of {self.scanned} rollouts ({self.events} events) in {self.location}"
+
+
+def list_rollouts(source: ReplaySource, where: RolloutFilter = RolloutFilter(),
+                  progress: Progress | None = None) -> Listing:
+    """Scan the whole journal (leniently: unreadable records go to ``Listing.report``) and
+    return a row per rollout that passes ``where``, in order of first appearance."""
+    listing = Listing(source.location)
+    rows: dict[str, RolloutRow] = {}
+    for item in source.scan(listing.report, progress):
+        event = item.event
+        h = event.header
+        listing.events += 1
+        row = rows.get(h.rollout_id)
+        if row is None:
+            row = rows[h.rollout_id] = RolloutRow(RolloutProgress(h.rollout_id, h.group_id))
+        if row.damaged is not None:
+            continue
+        try:
+            row.progress.apply(event)
+        except StateFoldError as exc:
+            row.damaged = f"{exc} at {item.location}"
+    forks = forks_in(source.registrations())
+    for row in rows.values():
+        fork = forks.get(row.rollout_id)
+        row.forked_from = fork.forked_from if fork is not None else None
+    listing.scanned = len(rows)
+    listing.rows = [row for row in rows.values() if where.admits(row)]
+    return listing

@@ -1,0 +1,106 @@
+"""How every replay command reads its journal.
+
+``--journal PATH_OR_URL`` names a file journal directory or a Kafka namespace
+(``kafka://host:port/namespace``); :func:`open_replay` opens it read-only, so a
+running writer is neither locked out nor fenced. Reads stream: one partition at
+a time, one event at a time, in log order, fenced as restore fences them, and
+count their progress in the journal's own offsets. Memory stays with what a
+command keeps, never with the journal's length.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Self, TypeVar
+
+from journal.backend import StoredRecord
+from journal.events import WorkloadRegistered
+from journal.journal import Journal, JournaledEvent, ReadReport
+from journal.open import open_journal
+from journal.snapshots import SnapshotIndex
+
+from .errors import NoSuchRolloutError
+from .progress import NoProgress, OffsetCounter, Progress
+
+Located = TypeVar("Located", JournaledEvent, StoredRecord)
+
+READER = "replay"  # the writer slot named in a read-only open; it never writes
+
+
+@dataclass
+class ReplaySource:
+    """A journal opened for replay, and what a command reads from it."""
+
+    location: str
+    journal: Journal
+    _index: SnapshotIndex | None = field(default=None, repr=False)
+
+    @property
+    def unit(self) -> str:
+        """What the journal's offsets count: bytes of a file journal, records of a Kafka topic."""
+        return "B" if self.journal.backend.kind == "file" else "offsets"
+
+    def scan(self, report: ReadReport, progress: Progress | None = None) -> Iterator[JournaledEvent]:
+        """Every committed, unfenced event of the journal, partition by partition.
+        Records that do not decode go to ``report`` (and are stepped over)."""
+        partitions = range(self.journal.backend.partitions)
+        return self._counted(self.journal.scan(report), partitions, progress)
+
+    def rollout_events(self, rollout_id: str, report: ReadReport,
+                       progress: Progress | None = None) -> Iterator[JournaledEvent]:
+        """One rollout's events from its first, in order, fenced. Raises
+        :class:`NoSuchRolloutError` once its partition is read without finding one."""
+        found = False
+        partition = self.journal.partition_of(rollout_id)
+        for item in self._counted(self.journal.read_rollout(rollout_id, report=report), [partition], progress):
+            found = True
+            yield item
+        if not found:
+            raise NoSuchRolloutError(rollout_id, self.location)
+
+    def stored_events(self, progress: Progress | None = None) -> Iterator[StoredRecord]:
+        """Every committed event record as stored (undecoded, unfenced), partition by partition:
+        what a byte-for-byte copy reads."""
+        backend = self.journal.backend
+        partitions = range(backend.partitions)
+        records = (record for p in partitions for record in backend.read_events(p, 0))
+        return self._counted(records, partitions, progress)
+
+    def snapshot_index(self) -> SnapshotIndex:
+        """The compacted stream: newest snapshot and fence per rollout, workload registrations (read once)."""
+        if self._index is None:
+            self._index = self.journal.snapshots()
+        return self._index
+
+    def registrations(self) -> dict[str, WorkloadRegistered]:
+        """Workload (and fork) registrations by name."""
+        return self.snapshot_index().workloads
+
+    def _counted(self, items: Iterator[Located], partitions: range | list[int],
+                 progress: Progress | None) -> Iterator[Located]:
+        progress = progress or NoProgress()
+        backend = self.journal.backend
+        progress.start(sum(backend.end_offset(p) for p in partitions), self.unit)
+        counter = OffsetCounter(progress, {p: 0 for p in partitions})
+        try:
+            for item in items:
+                counter.saw(item.location)
+                yield item
+        finally:
+            counter.flush()
+            progress.finish()
+
+    def close(self) -> None:
+        self.journal.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_replay(location: str) -> ReplaySource:
+    """The journal at ``location`` (a directory or ``kafka://host:port/namespace``), read-only."""
+    return ReplaySource(location, open_journal(location, writer=READER, read_only=True))
