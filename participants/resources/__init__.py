@@ -1,0 +1,59 @@
+"""Resource participants: the contract every environment resource honours.
+
+Split by job; import from here, not from the modules:
+
+- :mod:`.canonical`: the one JSON spelling of digests, chain hashes and journaled values;
+- :mod:`.redaction`: what the journal keeps instead of a secret argument;
+- :mod:`.errors`: every error a resource raises;
+- :mod:`.records`: the mutation request and record, and the per-resource hash chain;
+- :mod:`.base`: :class:`Resource` (fencing, idempotency, revisions, export/import, replay)
+  and the :class:`Recovery` modes.
+"""
+
+from .base import EXPORT_FORMAT, Recovery, Resource, weakest_recovery
+from .canonical import canonical_json, sha256_hex
+from .errors import (
+    ChainBrokenError,
+    IdempotencyKeyReuseError,
+    MalformedRecordError,
+    OperationRejectedError,
+    RecoveryNotSupportedError,
+    ReplayDivergenceError,
+    ResourceError,
+    RevisionConflictError,
+    SecretLeakError,
+    StaleEpochError,
+    StateImportError,
+    UnknownOperationError,
+)
+from .records import MutationRecord, MutationRequest, genesis_hash, link_hash, verify_chain
+from .redaction import is_redacted, redact_args, redact_secret
+
+__all__ = [
+    "EXPORT_FORMAT",
+    "Recovery",
+    "weakest_recovery",
+    "MutationRequest",
+    "MutationRecord",
+    "Resource",
+    "canonical_json",
+    "sha256_hex",
+    "genesis_hash",
+    "link_hash",
+    "verify_chain",
+    "redact_secret",
+    "is_redacted",
+    "redact_args",
+    "ResourceError",
+    "StaleEpochError",
+    "RevisionConflictError",
+    "UnknownOperationError",
+    "OperationRejectedError",
+    "IdempotencyKeyReuseError",
+    "ReplayDivergenceError",
+    "ChainBrokenError",
+    "RecoveryNotSupportedError",
+    "StateImportError",
+    "MalformedRecordError",
+    "SecretLeakError",
+]
