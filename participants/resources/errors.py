@@ -13,18 +13,18 @@ if TYPE_CHECKING:
     from .records import MutationRecord
 
 __all__ = [
-    "ResourceError",
-    "StaleEpochError",
-    "RevisionConflictError",
-    "UnknownOperationError",
-    "OperationRejectedError",
-    "IdempotencyKeyReuseError",
-    "ReplayDivergenceError",
     "ChainBrokenError",
-    "RecoveryNotSupportedError",
-    "StateImportError",
+    "IdempotencyKeyReuseError",
     "MalformedRecordError",
+    "OperationRejectedError",
+    "RecoveryNotSupportedError",
+    "ReplayDivergenceError",
+    "ResourceError",
+    "RevisionConflictError",
     "SecretLeakError",
+    "StaleEpochError",
+    "StateImportError",
+    "UnknownOperationError",
 ]
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from .canonical import canonical_json, sha256_hex
 from .errors import ChainBrokenError, MalformedRecordError
 
-__all__ = ["MutationRequest", "MutationRecord", "genesis_hash", "link_hash", "verify_chain"]
+__all__ = ["MutationRecord", "MutationRequest", "genesis_hash", "link_hash", "verify_chain"]
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from .canonical import canonical_json, sha256_hex
 
-__all__ = ["is_redacted", "redact_secret", "redact_args", "secret_values", "MIN_LEAK_CHECK_LEN"]
+__all__ = ["MIN_LEAK_CHECK_LEN", "is_redacted", "redact_args", "redact_secret", "secret_values"]
 
 _REDACTED_PREFIX = "<redacted:"
 MIN_LEAK_CHECK_LEN = 4  # shorter secrets would match unrelated text by chance
