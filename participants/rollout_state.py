@@ -44,6 +44,7 @@ from journal.events import (
 )
 from journal.restore import RolloutHistory
 
+from .environments.tasks import Task
 from .resources import MutationRecord
 
 SNAPSHOT_FORMAT = "rollout-journal/rollout-state/2"
@@ -66,6 +67,11 @@ class RolloutSpec:
     sibling: int
     task_seed: int
     environment: str
+    task: Task | None = None  # the dataset row, when the workload reads tasks from a file (else the seed is all)
+
+    def environment_task(self) -> Task:
+        """What its environment is built from."""
+        return self.task if self.task is not None else Task(self.task_seed)
 
 
 def full_prompt(head_tokens: np.ndarray, call: ModelCall) -> np.ndarray:

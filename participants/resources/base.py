@@ -263,6 +263,12 @@ class Resource(ABC):
             raise StateImportError(f"export of resource {self.resource_id!r} is at revision {export.revision}, "
                                    f"the resource at {self._revision}: a stale or foreign copy")
 
+    def exported_head(self, data: bytes) -> tuple[int, str]:
+        """``(revision, chain hash)`` an export of this resource holds (``StateImportError`` if it is
+        none): what a resource server compares with its own head before deciding to import."""
+        export = self._read_export(data)
+        return export.revision, export.chain_hash
+
     def import_state(self, data: bytes) -> None:
         """Replace this resource's state with bytes from :meth:`export_state` of the same resource."""
         if not self.supports_export:
