@@ -23,9 +23,9 @@ import hashlib
 import json
 import logging
 from collections import deque
-from dataclasses import dataclass, field
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 import numpy as np
@@ -33,8 +33,17 @@ import numpy as np
 from journal.anchoring import HeadSigner
 from journal.errors import JournalError, RolloutJournalError
 from journal.events import (
-    AttemptFenced, AttemptStarted, ChainHead, Header, Message, ResourceMutation, RolloutEvent, RolloutFailed,
-    RolloutFinished, SamplingParams, TurnCompleted,
+    AttemptFenced,
+    AttemptStarted,
+    ChainHead,
+    Header,
+    Message,
+    ResourceMutation,
+    RolloutEvent,
+    RolloutFailed,
+    RolloutFinished,
+    SamplingParams,
+    TurnCompleted,
 )
 from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
@@ -44,7 +53,13 @@ from .constraints import ActionTrie
 from .environments.base import SUBMIT, Environment, Observation, StepContext
 from .model import ModelParticipant
 from .resource_protocol import ResourceSessionLostError
-from .resources import MutationRecord, Recovery, Resource, StaleEpochError, canonical_json
+from .resources import (
+    MutationRecord,
+    Recovery,
+    Resource,
+    StaleEpochError,
+    canonical_json,
+)
 from .rollout_state import RolloutSpec, RolloutState
 from .tokenizer import ChatTokenizer
 

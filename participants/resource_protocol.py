@@ -23,6 +23,9 @@ Routes (``{rid}`` is the rollout id, URL-quoted)::
     POST /v1/rollouts/{rid}/prepare                {epoch} -> {exports}; steps wait until resume/abort
     POST /v1/rollouts/{rid}/resume | abort         {epoch}
     DELETE /v1/rollouts/{rid}                      the rollout is done here
+    POST /v1/faults                                {route, count, status, body, clear}: the next
+                                                   requests of a route answer that (only when the
+                                                   server was started with fault injection)
 
 A description is ``{"environment", "task_prompt", "recovery", "actions", "heads"}``; every
 answer that can change a resource carries the new ``heads``: per resource its revision,

@@ -392,9 +392,11 @@ def build_app(host: EnvironmentHost, token: ServiceToken, *, faults: bool = Fals
         await host.close(rid(request))
 
     async def inject(request: Request, body: dict) -> dict:
-        fault = _Fault(_field(body, "route", str), _field(body, "status", int),
-                       str(body.get("body", "injected failure")).encode())
-        injected.extend([fault] * _field(body, "count", int))
+        route = _field(body, "route", str)
+        if body.get("clear"):
+            injected[:] = [f for f in injected if f.route != route]
+        fault = _Fault(route, int(body.get("status", 500)), str(body.get("body", "injected failure")).encode())
+        injected.extend([fault] * int(body.get("count", 0)))
         return {"pending": len(injected)}
 
     one = "/v1/rollouts/{rollout_id:path}"

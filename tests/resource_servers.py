@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,20 +37,26 @@ class ServerProcess:
         self.pythonpath = [ROOT, *(pythonpath or [])]
         self.proc: subprocess.Popen[bytes] | None = None
         self.kills = 0
+        self.log = tempfile.NamedTemporaryFile(prefix=f"resource-server-{self.port}-", suffix=".log")  # its stderr
 
     def start(self) -> ServerProcess:
         command = [sys.executable, "-m", "replay.cli", "serve-resources", "--environment", self.environment,
                    "--port", str(self.port), *(["--fault-injection"] if self.faults else [])]
         env = os.environ | {"ROLLOUT_JOURNAL_RESOURCE_TOKEN": TOKEN,
                             "PYTHONPATH": os.pathsep.join(str(p) for p in self.pythonpath)}
-        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        # stderr to a file: a pipe nobody reads would block a server that logs much
+        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()  # "serving ENV at URL" once it listens
         if not line.startswith("serving"):
             self.proc.kill()
-            _, err = self.proc.communicate(timeout=10)
-            raise AssertionError(f"resource server for {self.environment} did not start: {line}{err.decode()[-2000:]}")
+            self.proc.wait(10)
+            raise AssertionError(f"resource server for {self.environment} did not start: {line}{self.output()[-2000:]}")
         return self
+
+    def output(self) -> str:
+        """Everything it wrote to stderr, every life of it."""
+        return Path(self.log.name).read_text(errors="replace")
 
     def kill(self) -> None:
         """SIGKILL: no goodbye, every session gone."""
@@ -69,9 +76,8 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for stream in (self.proc.stdout, self.proc.stderr) if self.proc else ():
-            if stream is not None:
-                stream.close()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def stats(self) -> dict:
         return httpx.get(f"{self.url}/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()

@@ -57,15 +57,15 @@ from participants.resources import (
 )
 
 __all__ = [
-    "Observation",
+    "SUBMIT",
     "Environment",
-    "StepMutations",
+    "Observation",
     "RequestFor",
     "StepContext",
-    "SUBMIT",
-    "split_call",
-    "parse_kwargs",
+    "StepMutations",
     "UnknownResourceError",
+    "parse_kwargs",
+    "split_call",
 ]
 
 SUBMIT = "submit()"
