@@ -128,7 +128,13 @@ class CoordinatedCheckpointer:
         tasks = {asyncio.create_task(self._prepare(live, report)): live.spec.rollout_id for live in parked}
         if not tasks:
             return {}
-        done, late = await asyncio.wait(tasks, timeout=self.prepare_timeout_s)
+        try:
+            done, late = await asyncio.wait(tasks, timeout=self.prepare_timeout_s)
+        except asyncio.CancelledError:  # the run is ending: no prepare may outlive it (its clients close)
+            for task in tasks:
+                task.cancel()
+            await asyncio.wait(tasks)
+            raise
         for task in late:
             task.cancel()  # a blocked export thread runs on, but nothing waits for it
             report.skipped[tasks[task]] = f"exports not done within {self.prepare_timeout_s}s"
@@ -175,4 +181,9 @@ class CoordinatedCheckpointer:
                 log.warning("rollout %s: ending the checkpoint at its resource server failed: %s", rollout_id, exc)
 
         if parked:
-            await asyncio.wait([asyncio.create_task(end(live)) for live in parked], timeout=self.prepare_timeout_s)
+            ends = [asyncio.create_task(end(live)) for live in parked]
+            try:
+                await asyncio.wait(ends, timeout=self.prepare_timeout_s)
+            finally:
+                for task in ends:
+                    task.cancel()

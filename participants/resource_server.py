@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 import uvicorn
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -324,6 +324,9 @@ def build_app(host: EnvironmentHost, token: ServiceToken, *, faults: bool = Fals
             try:
                 body = await _json_body(request)
                 result = await fn(request, body)
+            except ClientDisconnect:  # the worker gave up on this request (its run ended): nobody listens
+                log.debug("%s %s: the client went away", request.method, request.url.path)
+                return Response(status_code=499)
             except Exception as exc:  # every error is an answer; the worker raises it again
                 status, answer = error_answer(exc)
                 if status >= 500:

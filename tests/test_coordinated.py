@@ -266,3 +266,36 @@ def test_when_no_snapshot_and_no_replay_restores_a_rollout_it_alone_is_set_aside
 
     assert set(resumed.set_aside) == {victim}
     assert_identical(resumed, {rid: o for rid, o in reference.items() if rid != victim})
+
+
+def test_a_checkpoint_cancelled_mid_prepare_leaves_no_prepare_running(tmp_path: Path) -> None:
+    """A run that ends cancels its periodic checkpoint; its prepares must end with it, or they talk
+    to resource servers through clients the run is closing (seen as ReadErrors and retries)."""
+    config = coordinated(tmp_path, name="cocancel")
+    specs = workload_specs(config)
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner = runner_for(config, journal)
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 2 for s in specs}))
+            await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
+            started, cancelled = asyncio.Event(), []
+            for live in runner.live.values():
+                async def hung(epoch: int, *args, _rid=live.spec.rollout_id):
+                    started.set()
+                    try:
+                        await asyncio.sleep(60)
+                    except asyncio.CancelledError:
+                        cancelled.append(_rid)
+                        raise
+                live.env.aprepare_checkpoint = hung
+            checkpoint = asyncio.create_task(runner.checkpointer.checkpoint(runner.live.values()))
+            await started.wait()
+            await asyncio.sleep(0.01)  # every prepare has begun
+            checkpoint.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await checkpoint
+            assert sorted(cancelled) == sorted(runner.live)  # each prepare ended with the checkpoint
+            await run
+
+    asyncio.run(scenario())
