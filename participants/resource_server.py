@@ -364,8 +364,12 @@ def build_app(host: EnvironmentHost, token: ServiceToken, *, faults: bool = Fals
 
     async def fence(request: Request, body: dict) -> dict:
         epoch = _field(body, "epoch", int)
-        return {"heads": await host.call(rid(request), lambda s: (s.env.fence(s.env.rollout_id, epoch),
-                                                                  host._heads(s.env))[1])}
+
+        def fenced(session: Session) -> list[dict[str, Any]]:
+            session.env.fence(session.env.rollout_id, epoch)
+            return host._heads(session.env)
+
+        return {"heads": await host.call(rid(request), fenced)}
 
     async def export(request: Request, body: dict) -> dict:
         wanted = _field(body, "resource_ids", list)

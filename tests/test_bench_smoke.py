@@ -86,3 +86,19 @@ def test_signing_cost_reports_per_checkpoint_and_end_to_end(tmp_path: Path) -> N
     assert e2e["turns_per_run"] == 6 and e2e["checkpoints_per_run"] > 0  # the signed runs did sign
     for key in ("turns_per_s_signed", "turns_per_s_plain", "signing_overhead", "signing_cpu_overhead"):
         assert key in e2e
+
+
+@pytest.mark.slow
+def test_services_reports_the_http_ratio_and_the_pauses() -> None:
+    """Resource servers as processes, tiny sizes: the figures the docs quote are there."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "services.py"), "--json", "--rounds", "1", "--groups", "2",
+         "--siblings", "1", "--turns", "3"],
+        capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    for key in ("http_vs_inprocess_ratio", "turns_per_s_http", "turns_per_s_inprocess", "pause_p50_ms",
+                "pause_p99_ms"):
+        assert report[key] > 0, key
+    assert report["pause_checkpoints"] > 0
