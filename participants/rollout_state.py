@@ -31,8 +31,8 @@ from journal.errors import RecordLocation, RolloutJournalError
 from journal.events import (
     AttemptFenced,
     AttemptStarted,
-    Header,
     HeadCheckpoint,
+    Header,
     Message,
     ModelCall,
     ResourceMutation,

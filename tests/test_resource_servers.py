@@ -195,9 +195,18 @@ def _backend(config: WorkloadConfig):
 
 # -- SIGKILLed servers ------------------------------------------------------------------------------
 
-def mixed(tmp_path: Path, environment: str, **overrides) -> WorkloadConfig:
+@pytest.fixture(params=["file", pytest.param("kafka", marks=pytest.mark.kafka)])
+def journal_location(request, tmp_path: Path) -> str:
+    if request.param == "file":
+        return str(tmp_path / "journal")
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
+    namespace = request.getfixturevalue("kafka_namespace")
+    return f"kafka://{bootstrap}/{namespace}?partitions=4"
+
+
+def mixed(tmp_path: Path, environment: str, journal: str | None = None, **overrides) -> WorkloadConfig:
     base = dict(name="svc", groups=2, siblings=2, max_turns=8, environment=environment, seed=9,
-                allow_early_submit=False, journal=str(tmp_path / "journal"), snapshot_every_turns=3,
+                allow_early_submit=False, journal=journal or str(tmp_path / "journal"), snapshot_every_turns=3,
                 turn_delay_ms=15.0, resource_server_wait_s=60.0)
     return WorkloadConfig(**(base | overrides))
 
@@ -250,8 +259,8 @@ def _run_with_kill(config: WorkloadConfig, server: ServerProcess, *, kill_at_tur
 
 @pytest.mark.slow
 def test_a_sigkilled_exportable_server_its_rollouts_restore_and_replay_the_others_never_notice(
-        tmp_path: Path) -> None:
-    config = mixed(tmp_path, "counter,workplace")
+        tmp_path: Path, journal_location: str) -> None:
+    config = mixed(tmp_path, "counter,workplace", journal_location)
     reference = reference_outcomes(config)
     with resource_servers("counter") as servers, token_in_environment():
         config = config.model_copy(update={"resource_servers": {"counter": servers["counter"].url}})
@@ -271,9 +280,9 @@ def test_a_sigkilled_exportable_server_its_rollouts_restore_and_replay_the_other
 
 
 @pytest.mark.slow
-def test_a_server_sigkilled_during_a_coordinated_checkpoint(tmp_path: Path) -> None:
-    config = mixed(tmp_path, "counter,workplace", checkpoint_mode="coordinated", coordinated_every_s=3600.0,
-                   prepare_timeout_s=1.0)
+def test_a_server_sigkilled_during_a_coordinated_checkpoint(tmp_path: Path, journal_location: str) -> None:
+    config = mixed(tmp_path, "counter,workplace", journal_location, checkpoint_mode="coordinated",
+                   coordinated_every_s=3600.0, prepare_timeout_s=1.0)
     reference = reference_outcomes(config)
     with resource_servers("counter") as servers, token_in_environment():
         config = config.model_copy(update={"resource_servers": {"counter": servers["counter"].url}})

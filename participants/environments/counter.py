@@ -11,8 +11,14 @@ import copy
 import random
 from typing import Any
 
+from participants.environments.base import (
+    SUBMIT,
+    Environment,
+    StepMutations,
+    parse_kwargs,
+    split_call,
+)
 from participants.environments.tasks import Task
-from participants.environments.base import Environment, StepMutations, SUBMIT, parse_kwargs, split_call
 from participants.resources import OperationRejectedError, Recovery, Resource
 
 __all__ = ["CounterStore", "CounterEnvironment", "COUNTER_NAMES"]

@@ -20,8 +20,8 @@ import sys
 import weakref
 from typing import Any, Callable, ClassVar
 
+from participants.environments.base import SUBMIT, Environment, StepMutations
 from participants.environments.tasks import Task
-from participants.environments.base import Environment, StepMutations, SUBMIT
 from participants.resources import Recovery, Resource, ResourceError
 
 __all__ = [

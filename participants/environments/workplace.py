@@ -15,8 +15,14 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from participants.environments.base import (
+    SUBMIT,
+    Environment,
+    StepMutations,
+    parse_kwargs,
+    split_call,
+)
 from participants.environments.tasks import Task
-from participants.environments.base import Environment, StepMutations, parse_kwargs, split_call, SUBMIT
 from participants.resources import OperationRejectedError, Recovery, Resource
 
 __all__ = ["Mailbox", "Calendar", "CustomerRecords", "WorkplaceTask", "WorkplaceEnvironment", "CUSTOMERS", "DAYS", "HOURS"]
