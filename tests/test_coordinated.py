@@ -137,6 +137,8 @@ def test_a_finished_sibling_waiting_for_its_acknowledgement_does_not_deadlock_pr
     assert all(row.acknowledged and row.turns_run_here == 0 for row in again.rollouts.values())
 
 
+# The checkpoints below start after 2 of 16 turns: every rollout still has turns to run, so the
+# run cannot end (and close its clients) while the checkpoint holds the turn boundary.
 def test_every_parked_rollout_is_prepared_at_once(tmp_path: Path, server) -> None:
     config = coordinated(tmp_path, server, name="coall")
     specs = workload_specs(config)
@@ -144,7 +146,7 @@ def test_every_parked_rollout_is_prepared_at_once(tmp_path: Path, server) -> Non
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
             runner = runner_for(config, journal)
-            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 2 for s in specs}))
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 4 for s in specs}))
             await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
             # Each prepare waits until every rollout's prepare has begun, then goes over HTTP: only
             # prepares that run at once get through (bounded, so a regression fails, not hangs).
@@ -170,7 +172,7 @@ def test_a_server_that_keeps_failing_holds_the_pause_for_one_prepare_timeout_not
         with open_journal(config.journal) as journal:
             runner = runner_for(config, journal)
             runner.checkpointer.max_retries = 10_000  # it never gives up: only the prepare timeout ends it
-            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 2 for s in specs}))
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 4 for s in specs}))
             await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
             inject(server, 10_000, status=500)
             try:
@@ -277,7 +279,7 @@ def test_a_checkpoint_cancelled_mid_prepare_leaves_no_prepare_running(tmp_path: 
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
             runner = runner_for(config, journal)
-            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 2 for s in specs}))
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 4 for s in specs}))
             await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
             started, cancelled = asyncio.Event(), []
             for live in runner.live.values():
