@@ -35,6 +35,7 @@ def main() -> int:
         "recovery": run("recovery.py", *(["--quick"] if args.quick else [])),
         "signing_cost": run("signing_cost.py", *(["--rounds", "2", "--rollouts", "8"] if args.quick else [])),
         "replay_scan": run("replay_scan.py", *(["--events", "100000", "--rounds", "1"] if args.quick else [])),
+        "services": run("services.py", *(["--rounds", "2", "--groups", "2", "--siblings", "2"] if args.quick else [])),
     }
     print(json.dumps(report, indent=2))
     return 0

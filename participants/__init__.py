@@ -47,11 +47,15 @@ _EXPORTS: dict[str, str] = {
     "ConstraintViolation": ".constraints",
     "CoordinatedCheckpointer": ".checkpoint",
     "CheckpointReport": ".checkpoint",
+    # resource servers: environments behind HTTP
     "ResourceServer": ".resource_server",
-    "HttpStateExporter": ".resource_server",
-    "InProcessExporter": ".resource_server",
-    "ControlError": ".resource_server",
-    "TransientControlError": ".resource_server",
+    "serve_resources": ".resource_server",
+    "RemoteEnvironment": ".resource_client",
+    "EnvironmentFactory": ".resource_client",
+    "ServiceToken": ".resource_protocol",
+    "ControlError": ".resource_protocol",
+    "TransientControlError": ".resource_protocol",
+    "ResourceSessionLostError": ".resource_protocol",
     # resources and environments
     "Resource": ".resources",
     "Recovery": ".resources",
@@ -64,6 +68,11 @@ _EXPORTS: dict[str, str] = {
     "ENVIRONMENTS": ".environments",
     "UnknownEnvironmentError": ".environments",
     "make_environment": ".environments",
+    "environment_class": ".environments",
+    "Task": ".environments",
+    "load_tasks": ".environments",
+    "ToolCall": ".environments",
+    "StepContext": ".environments",
 }
 
 __all__ = [
@@ -76,19 +85,20 @@ __all__ = [
     "ControlError",
     "CoordinatedCheckpointer",
     "Environment",
+    "EnvironmentFactory",
     "Generation",
     "GenerationBackend",
-    "HttpStateExporter",
-    "InProcessExporter",
     "LiveRollout",
     "ModelConfig",
     "ModelParticipant",
     "MutationRecord",
     "MutationRequest",
     "Recovery",
+    "RemoteEnvironment",
     "Resource",
     "ResourceError",
     "ResourceServer",
+    "ResourceSessionLostError",
     "RestoreTiming",
     "RolloutProgress",
     "RolloutReport",
@@ -96,10 +106,14 @@ __all__ = [
     "RolloutState",
     "RunReport",
     "Runner",
+    "ServiceToken",
     "StaleEpochError",
     "StateFoldError",
     "StateImportError",
+    "StepContext",
+    "Task",
     "TinyTorchPolicy",
+    "ToolCall",
     "TopologyChangedError",
     "TransientControlError",
     "UnknownEnvironmentError",
@@ -107,10 +121,13 @@ __all__ = [
     "build_backend",
     "check_journal_location",
     "default_tokenizer",
+    "environment_class",
+    "load_tasks",
     "make_environment",
     "open_workload_journal",
     "restore_state",
     "run_workload",
+    "serve_resources",
     "workload_specs",
 ]
 
@@ -127,18 +144,24 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from .environments import (
         ENVIRONMENTS,
         Environment,
+        StepContext,
+        Task,
+        ToolCall,
         UnknownEnvironmentError,
+        environment_class,
+        load_tasks,
         make_environment,
     )
     from .generation import Generation, GenerationBackend
     from .model import ModelParticipant
-    from .resource_server import (
+    from .resource_client import EnvironmentFactory, RemoteEnvironment
+    from .resource_protocol import (
         ControlError,
-        HttpStateExporter,
-        InProcessExporter,
-        ResourceServer,
+        ResourceSessionLostError,
+        ServiceToken,
         TransientControlError,
     )
+    from .resource_server import ResourceServer, serve_resources
     from .resources import (
         MutationRecord,
         MutationRequest,

@@ -23,31 +23,56 @@ import hashlib
 import json
 import logging
 from collections import deque
-from dataclasses import dataclass, field
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
 
 import numpy as np
 
 from journal.anchoring import HeadSigner
 from journal.errors import JournalError, RolloutJournalError
 from journal.events import (
-    AttemptFenced, AttemptStarted, ChainHead, Header, Message, ResourceMutation, RolloutEvent, RolloutFailed,
-    RolloutFinished, SamplingParams, TurnCompleted,
+    AttemptFenced,
+    AttemptStarted,
+    ChainHead,
+    Header,
+    Message,
+    ResourceMutation,
+    RolloutEvent,
+    RolloutFailed,
+    RolloutFinished,
+    SamplingParams,
+    TurnCompleted,
 )
 from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
 
 from .config import WorkloadConfig
 from .constraints import ActionTrie
-from .environments.base import SUBMIT, Environment
+from .environments.base import SUBMIT, Environment, Observation, StepContext
 from .model import ModelParticipant
-from .resources import MutationRecord, MutationRequest, Resource, StaleEpochError, canonical_json
+from .resource_protocol import ResourceSessionLostError
+from .resources import (
+    MutationRecord,
+    Recovery,
+    Resource,
+    StaleEpochError,
+    canonical_json,
+)
 from .rollout_state import RolloutSpec, RolloutState
 from .tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_MAX_RESOURCE_RESTORES = 3  # a server that loses the rollout again right after a restore is broken
+
+
+class RestartFromZero(RolloutJournalError):
+    """The rollout's restart-only resources are gone (their server restarted): a new attempt
+    begins from turn 0, as after a worker crash."""
+
 
 SYSTEM_PROMPT = "You are an assistant that acts only through tool calls. Reply with exactly one tool call."
 
@@ -160,6 +185,7 @@ class LiveRollout:
     exports: dict[str, tuple[tuple[int, int], bytes]] = field(default_factory=dict)  # resource -> (version, bytes)
     in_flight: deque[tuple[Future, int]] = field(default_factory=deque)  # (commit, turn) not yet known durable
     acknowledged: asyncio.Event = field(default_factory=asyncio.Event)  # the trainer took its result
+    resource_restores: int = 0  # times its resources were brought back on a restarted resource server
 
     def __post_init__(self) -> None:
         self.at_boundary.set()
@@ -235,7 +261,7 @@ class Agent:
     async def begin(self, live: LiveRollout, events: list[RolloutEvent]) -> None:
         """Commit a new rollout's fence with its first snapshot, which registers the
         rollout in the compacted stream: restore finds it there."""
-        await self.commit(events, self.snapshot_draft(live) if self.sink.journals else None)
+        await self.commit(events, self.snapshot_draft(live, await self._exports(live)) if self.sink.journals else None)
 
     def snapshot_draft(self, live: LiveRollout, resource_states: dict[str, bytes] | None = None) -> SnapshotDraft:
         """The rollout's state as a snapshot; exportable resources export themselves
@@ -263,7 +289,10 @@ class Agent:
         live.at_boundary.clear()
         unsent: list[RolloutEvent] = []  # applied to the state, not yet handed to the journal
         try:
-            await self._turn(live, unsent)
+            try:
+                await self._turn(live, unsent)
+            except RestartFromZero as lost:  # its restart-only resources are gone (their server restarted)
+                await self._restart_from_zero(live, unsent, lost)
         except Exception as exc:
             if not fails_the_rollout_alone(exc):
                 raise
@@ -286,12 +315,76 @@ class Agent:
         self._applied(state, RolloutFailed(state.header(self.writer), type(exc).__name__, reason), unsent)
         await self.commit(unsent)
 
-    def action_of(self, trie: ActionTrie, output_ids: np.ndarray) -> str:
-        """The action a generation chose; a generation that is no valid action (cut short by
-        ``max_tokens``, say) is passed on as its text, which the environment answers with an
-        invalid-action observation: the policy's mistake, not the workload's."""
-        action = trie.label_of(output_ids)
+    # -- the tool-call half of a turn: what the model chose, and running it on the resources ------
+    def constraint_for(self, actions: list[str]) -> ActionTrie | None:
+        """The decoding constraint of a turn: the trie of the actions valid now, or None when the
+        workload lets the model answer freely (``constrained_actions: false``)."""
+        return self._trie(actions) if self.config.constrained_actions else None
+
+    def action_of(self, trie: ActionTrie | None, output_ids: np.ndarray) -> str:
+        """The action a generation chose. A generation that is no listed action (cut short by
+        ``max_tokens``, or free-form text) is passed on as its text: the environment parses a JSON
+        tool call from it, or answers with an observation saying what is wrong: the policy's
+        mistake, not the workload's."""
+        action = trie.label_of(output_ids) if trie is not None else None
         return action if action is not None else self.tokenizer.decode(output_ids)
+
+    async def run_tool_call(self, live: LiveRollout, action: str) -> tuple[Observation, list[MutationRecord]]:
+        """Run the turn's tool call on the rollout's environment, with keys ``<rollout>/t<turn>/m<i>``
+        (the same keys when a turn is re-executed after a crash)."""
+        state = live.state
+        prefix = f"{live.spec.rollout_id}/t{state.next_turn}"
+        return await self._with_resources(
+            live, lambda: live.env.astep(action, StepContext(live.spec.rollout_id, state.attempt, state.epoch, prefix)))
+
+    async def _with_resources(self, live: LiveRollout, exchange: Callable[[], Awaitable[T]]) -> T:
+        """Run ``exchange`` with the rollout's resources. When their server lost the rollout (it was
+        restarted), bring the resources back to the rollout's state (the exports of its last
+        snapshot and the mutations since) and run it again; a restart-only environment cannot be
+        brought back: :class:`RestartFromZero`."""
+        for tries in range(1, _MAX_RESOURCE_RESTORES + 1):
+            try:
+                return await exchange()
+            except ResourceSessionLostError as lost:
+                if live.env.recovery is Recovery.RESTART_ONLY:
+                    raise RestartFromZero(str(lost)) from lost
+                if tries == _MAX_RESOURCE_RESTORES:
+                    raise
+                state = live.state
+                log.warning("rollout %s: %s; restoring its resources from its last snapshot and %d mutations since",
+                            live.spec.rollout_id, lost, len(state.mutations_since_export))
+                await live.env.arestore(state.resource_states, state.mutations_since_export, fence_epoch=state.epoch)
+                live.resource_restores += 1
+        raise AssertionError("unreachable")
+
+    async def _restart_from_zero(self, live: LiveRollout, unsent: list[RolloutEvent], lost: RestartFromZero) -> None:
+        """A new attempt from turn 0 on fresh resources, journaled after what this turn applied."""
+        state = live.state
+        log.warning("rollout %s restarts from turn 0 (attempt %d): %s", live.spec.rollout_id, state.attempt + 1, lost)
+        await self._durable(live, keep=0)
+        await live.env.arestore({}, [], fence_epoch=state.epoch + 1)  # a fresh session; the old epoch is fenced
+        unsent.extend(self.start_attempt(live, resumed_from_turn=0, reason=f"restart from turn 0: {lost}"))
+        live.exports.clear()
+        live.turns_since_snapshot = live.bytes_since_snapshot = 0
+        await self.commit(unsent)
+        unsent.clear()
+
+    async def _exports(self, live: LiveRollout) -> dict[str, bytes]:
+        """The rollout's exported resource states for a snapshot. An export is reused while its
+        resource's revision and fence stand still (most turns touch one resource, and every
+        snapshot exports them all); a restart-only environment has none worth keeping."""
+        env = live.env
+        if env.recovery is Recovery.RESTART_ONLY:
+            return {}
+        versions = {rid: (r.revision, r.fenced_epoch(live.spec.rollout_id))
+                    for rid, r in env.resources.items() if r.supports_export}
+        stale = [rid for rid, version in versions.items()
+                 if rid not in live.exports or live.exports[rid][0] != version]
+        if stale:
+            fresh = await self._with_resources(live, lambda: env.aexport(stale))
+            for rid in stale:
+                live.exports[rid] = (versions[rid], fresh[rid])
+        return {rid: live.exports[rid][1] for rid in versions}
 
     async def _turn(self, live: LiveRollout, events: list[RolloutEvent]) -> None:
         state, env = live.state, live.env
@@ -299,7 +392,7 @@ class Agent:
         actions = env.action_space()
         if not self.config.allow_early_submit and turn + 1 < self.config.max_turns and len(actions) > 1:
             actions = [a for a in actions if a != SUBMIT]
-        trie = self._trie(actions)
+        trie = self.constraint_for(actions)
         seed, seed_rollout = live.spec.turn_seed_source(self.config.seed)
         params = SamplingParams(self.config.model.temperature, self.config.model.top_p,
                                 self.config.model.max_tokens, turn_seed(seed, seed_rollout, turn))
@@ -307,13 +400,7 @@ class Agent:
                                      f"{rollout_id}/a{state.attempt}/t{turn}/c0", writer=self.writer)
         self._applied(state, call.event, events)
         action = self.action_of(trie, call.generation.output_ids)
-        counter = iter(range(1 << 30))
-
-        def request_for(resource: Resource) -> MutationRequest:
-            return MutationRequest(rollout_id, state.attempt, state.epoch,
-                                   f"{rollout_id}/t{turn}/m{next(counter)}", resource.revision)
-
-        observation, records = env.step(action, request_for)
+        observation, records = await self.run_tool_call(live, action)
         if self.config.turn_delay_ms:
             await asyncio.sleep(self.config.turn_delay_ms / 1000.0)
         for record in records:
@@ -322,7 +409,7 @@ class Agent:
             self._applied(state, self.head_checkpoint(live, turn), events)
         messages = [Message("assistant", action), Message("tool", observation.text)]
         last = observation.done or turn + 1 >= self.config.max_turns
-        reward = env.verify() if last else None
+        reward = await self._with_resources(live, env.averify) if last else None
         self._applied(state, TurnCompleted(state.header(self.writer), messages, [call.event.call_id],
                                            env.revisions(), reward, [action]), events)
         if last:
@@ -338,7 +425,7 @@ class Agent:
             live.turns_since_snapshot >= self.config.snapshot_every_turns
             or live.bytes_since_snapshot >= self.config.snapshot_max_bytes)
         if self.sink.journals and (last or periodic):
-            snapshot = self.snapshot_draft(live)
+            snapshot = self.snapshot_draft(live, await self._exports(live))
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
         live.in_flight.append((self.sink.submit(list(events), snapshot), turn))
         events.clear()  # handed to the journal: a failure from here on journals nothing of this turn twice

@@ -13,9 +13,17 @@ import json
 import os
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from journal.errors import ConfigurationError
 from journal.open import is_kafka_url
@@ -36,6 +44,9 @@ class ModelConfig(BaseModel):
 
 
 TOPOLOGY_FIELDS = frozenset({"environment", "seed", "model", "max_turns"})
+# Settings that change what a rollout does, fingerprinted only when not at their default
+# (so the journals written before they existed keep their fingerprint): setting -> default.
+_OPTIONAL_TOPOLOGY: dict[str, object] = {"tasks": None, "constrained_actions": True}
 
 
 class TopologyChangedError(ConfigurationError):
@@ -120,6 +131,19 @@ class WorkloadConfig(BaseModel):
     coordinated_every_s: float = Field(1.0, gt=0.0)
     prepare_timeout_s: float = Field(2.0, gt=0.0, description="coordinated mode: skip a rollout not parked in time")
     allow_early_submit: bool = Field(True, description="let the model end a rollout before max_turns with submit()")
+    # -- your own environments and tasks, and where resources run --------------------------------
+    tasks: str | None = Field(None, description="a JSONL dataset of tasks ({\"prompt\": ..., \"task\": {...}} per "
+                                                "line); group g takes row g mod N. Unset: tasks drawn from the seed")
+    constrained_actions: bool = Field(True, description="decode only tool calls of the environment's action list; "
+                                                        "false: the model answers freely (a JSON tool call is parsed, "
+                                                        "anything unusable becomes an observation)")
+    resource_servers: dict[str, str] = Field(default_factory=dict, description="environment name -> base URL of the "
+                                             "resource server hosting it (rollout-journal serve-resources); the "
+                                             "others run in process. The token comes from "
+                                             "ROLLOUT_JOURNAL_RESOURCE_TOKEN")
+    resource_timeout_s: float = Field(30.0, gt=0.0, description="one request to a resource server")
+    resource_server_wait_s: float = Field(60.0, gt=0.0, description="how long a rollout waits for a resource server "
+                                                                    "that went away before it fails")
 
     @field_validator("name")
     @classmethod
@@ -150,6 +174,33 @@ class WorkloadConfig(BaseModel):
         except LookupError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    @field_validator("tasks")
+    @classmethod
+    def _tasks_readable(cls, value: str | None) -> str | None:
+        if value is not None:
+            from .environments.tasks import load_tasks
+
+            try:
+                load_tasks(value)
+            except ConfigurationError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _servers_name_environments(self) -> "WorkloadConfig":
+        for name, url in self.resource_servers.items():
+            if name not in self.environments:
+                raise ValueError(f"resource_servers names environment {name!r}, which the workload does not run "
+                                 f"(environment: {self.environment})")
+            parsed = urlsplit(url)
+            if parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ValueError(f"resource_servers[{name!r}] = {url!r} is no http(s)://host:port URL")
+            try:
+                parsed.port
+            except ValueError:
+                raise ValueError(f"resource_servers[{name!r}] = {url!r}: the port is no number") from None
+        return self
 
     @field_validator("journal")
     @classmethod
@@ -190,6 +241,13 @@ class WorkloadConfig(BaseModel):
     def topology(self) -> str:
         """Fingerprint of what determines a rollout's behaviour (not where it is journaled)."""
         fields = self.model_dump(include=set(TOPOLOGY_FIELDS))
+        # Newer settings join the fingerprint only when set, so journals written before them resume.
+        if self.tasks is not None:
+            from .environments.tasks import tasks_digest
+
+            fields["tasks"] = tasks_digest(self.tasks)
+        if not self.constrained_actions:
+            fields["constrained_actions"] = False
         return hashlib.sha256(repr(sorted(fields.items())).encode()).hexdigest()[:16]
 
     def topology_diff(self, recorded_spec_json: str) -> list[str]:
@@ -201,8 +259,14 @@ class WorkloadConfig(BaseModel):
             return []
         if not isinstance(recorded, dict):
             return []
-        old = _flatten({k: v for k, v in recorded.items() if k in TOPOLOGY_FIELDS})
-        new = _flatten(self.model_dump(mode="json", include=set(TOPOLOGY_FIELDS)))
+        def behaviour(settings: dict) -> dict:  # the newer settings count only when set, as in topology()
+            kept = {k: v for k, v in settings.items() if k in TOPOLOGY_FIELDS}
+            kept.update({k: settings[k] for k, default in _OPTIONAL_TOPOLOGY.items()
+                         if k in settings and settings[k] != default})
+            return _flatten(kept)
+
+        old = behaviour(recorded)
+        new = behaviour(self.model_dump(mode="json"))
         unset = "(unset)"
         return [f"{key} {json.dumps(old.get(key, unset))} -> {json.dumps(new.get(key, unset))}"
                 for key in sorted(old.keys() | new.keys()) if old.get(key, unset) != new.get(key, unset)]

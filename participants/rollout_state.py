@@ -31,8 +31,8 @@ from journal.errors import RecordLocation, RolloutJournalError
 from journal.events import (
     AttemptFenced,
     AttemptStarted,
-    Header,
     HeadCheckpoint,
+    Header,
     Message,
     ModelCall,
     ResourceMutation,
@@ -44,6 +44,7 @@ from journal.events import (
 )
 from journal.restore import RolloutHistory
 
+from .environments.tasks import Task
 from .resources import MutationRecord
 
 SNAPSHOT_FORMAT = "rollout-journal/rollout-state/2"
@@ -69,10 +70,15 @@ class RolloutSpec:
     seed: int | None = None  # sampling seed instead of the workload's (a fork run with another seed)
     seed_rollout: str | None = None  # whose turn seeds it draws (a fork: its origin's, so it re-runs what that did)
     forked_from: str | None = None  # "<rollout_id>@<turn>" for a fork (see participants.forks)
+    task: Task | None = None  # the dataset row, when the workload reads tasks from a file (else the seed is all)
 
     def turn_seed_source(self, workload_seed: int) -> tuple[int, str]:
         """(seed, rollout id) the turn seeds of this rollout derive from."""
         return (workload_seed if self.seed is None else self.seed), (self.seed_rollout or self.rollout_id)
+
+    def environment_task(self) -> Task:
+        """What its environment is built from."""
+        return self.task if self.task is not None else Task(self.task_seed)
 
 
 def full_prompt(head_tokens: np.ndarray, call: ModelCall) -> np.ndarray:

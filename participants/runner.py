@@ -23,12 +23,12 @@ from journal.journal import Journal
 from journal.restore import RolloutHistory, load_rollouts, reload_rollout
 
 from .agent import Agent, JournalSink, LiveRollout, NullSink, durable
-from .checkpoint import CoordinatedCheckpointer, StateExporter
-from .resource_server import InProcessExporter
+from .checkpoint import CoordinatedCheckpointer
 from .config import TopologyChangedError, WorkloadConfig
-from .environments import Environment, make_environment
+from .environments import Environment
 from .generation import GenerationBackend
 from .model import ModelParticipant
+from .resource_client import EnvironmentFactory
 from .resources import Recovery, ResourceError
 from .specs import fork_specs, workload_specs
 from .rollout_state import RolloutSpec, RolloutState, StateFoldError, restore_state
@@ -114,7 +114,7 @@ ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that tu
 class Runner:
     def __init__(self, config: WorkloadConfig, journal: Journal | None, backend: GenerationBackend,
                  tokenizer: ChatTokenizer, *, progress: ProgressCallback | None = None,
-                 exporter: StateExporter | None = None, hold_until_acknowledged: bool = False,
+                 hold_until_acknowledged: bool = False,
                  signer: HeadSigner | None = None, topology_override: str | None = None) -> None:
         """``hold_until_acknowledged`` keeps a finished rollout waiting for the trainer's
         acknowledgement (``acknowledge``) before the run may end, as a GRPO trainer holds a
@@ -134,11 +134,11 @@ class Runner:
         self.states: dict[str, RolloutState] = {}
         self.hold_until_acknowledged = hold_until_acknowledged
         self.restore = RestoreTiming()  # of the current run; restoring adds its folding and rebuilding
+        self.environments = EnvironmentFactory.for_workload(config)  # in process, or at a resource server
         self.checkpointer: CoordinatedCheckpointer | None = None
         if config.checkpoint_mode == "coordinated" and journal is not None and config.journaling:
-            self.checkpointer = CoordinatedCheckpointer(
-                journal, self.agent, self.model, exporter or InProcessExporter(),
-                prepare_timeout_s=config.prepare_timeout_s)
+            self.checkpointer = CoordinatedCheckpointer(journal, self.agent, self.model,
+                                                        prepare_timeout_s=config.prepare_timeout_s)
 
     async def run(self, *, resume: bool, stop_after: dict[str, int] | None = None) -> RunReport:
         """Drive every rollout to its end. ``stop_after`` leaves the named rollouts
@@ -238,6 +238,7 @@ class Runner:
         finally:
             for live in self.live.values():
                 live.env.close()
+            await self.environments.aclose()
         for rid, live in self.live.items():
             r = report.rollouts[rid]
             r.turns_run_here, r.tokens_run_here = live.turns_run_here, live.tokens_run_here
@@ -277,8 +278,10 @@ class Runner:
             self.config.topology(), Header.now_ms(), self.config.writer)
         await durable(self.journal.register_workload(registration))
 
-    def _new_environment(self, spec: RolloutSpec) -> Environment:
-        return make_environment(spec.environment, spec.rollout_id, spec.task_seed)
+    def _new_environment(self, spec: RolloutSpec, *, fresh: bool = False) -> Environment:
+        """The rollout's environment, in process or at its resource server: ``fresh`` at the task's
+        initial state, else attached to what the server holds (restore reconciles or imports)."""
+        return self.environments.build(spec.environment, spec.rollout_id, spec.environment_task(), fresh=fresh)
 
     @staticmethod
     def _set_aside(report: RunReport, spec: RolloutSpec, exc: Exception) -> None:
@@ -311,7 +314,7 @@ class Runner:
     def _start(self, spec: RolloutSpec) -> tuple[LiveRollout, RolloutReport, Awaitable[None]]:
         """A rollout the journal does not hold: attempt 1 from turn 0."""
         state = RolloutState(spec.rollout_id, spec.group_id)
-        live = LiveRollout(spec, state, self._new_environment(spec))
+        live = LiveRollout(spec, state, self._new_environment(spec, fresh=True))
         events = self.agent.start_attempt(live, resumed_from_turn=0, reason="new rollout")
         return live, RolloutReport(spec.rollout_id, 0, 0, 0, False, False), self.agent.begin(live, events)
 
@@ -328,6 +331,7 @@ class Runner:
         env = self._new_environment(spec)
         restart = env.recovery is Recovery.RESTART_ONLY and committed > 0
         if restart:
+            env.restore({}, [])  # what a resource server still holds of it is the lost attempt's
             reason = f"restart from turn 0: environment {spec.environment!r} is restart_only"
         else:
             state, env = self._rebuilt(spec, history, state, env, report)
@@ -372,16 +376,10 @@ class Runner:
 
     @staticmethod
     def _rebuild(spec: RolloutSpec, state: RolloutState, env: Environment) -> None:
-        """Bring a fresh environment to the rollout's committed state: import the
-        exports of its last snapshot, then re-apply the mutations journaled since."""
-        for resource_id, exported in state.resource_states.items():
-            resource = env.resources.get(resource_id)
-            if resource is None:
-                raise ConfigurationError(
-                    f"rollout {spec.rollout_id}: its snapshot holds resource {resource_id!r}, which environment "
-                    f"{spec.environment!r} does not have; was the workload's environment changed?")
-            resource.import_state(exported)
-        env.replay(state.mutations_since_export)
+        """Bring the environment to the rollout's committed state: the exports of its last snapshot,
+        then the mutations journaled since, fenced at the next attempt's epoch. A resource server
+        reconciles by revision when it already holds that state, else imports it."""
+        env.restore(state.resource_states, state.mutations_since_export, fence_epoch=state.epoch + 1)
 
     async def acknowledge(self, rollout_ids: list[str], by: str = "trainer") -> None:
         """The trainer took these results: journal it and tombstone their snapshots."""

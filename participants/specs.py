@@ -26,6 +26,7 @@ from journal.errors import ConfigurationError, RolloutJournalError
 from journal.events import Header, WorkloadRegistered
 
 from .config import WorkloadConfig, name_problem
+from .environments.tasks import load_tasks
 from .rollout_state import RolloutSpec
 
 FORK_FORMAT = "rollout-journal/fork/1"
@@ -43,11 +44,14 @@ def workload_specs(config: WorkloadConfig) -> list[RolloutSpec]:
     if problem:
         raise ConfigurationError(f"workload name {config.name!r} {problem}")
     specs = []
+    rows = load_tasks(config.tasks, config.seed) if config.tasks is not None else None
     for g in range(config.groups):
         environment = config.environments[g % len(config.environments)]
         task_seed = int.from_bytes(hashlib.sha256(f"{config.seed}/task/{g}".encode()).digest()[:4], "little")
+        task = rows[g % len(rows)] if rows is not None else None  # every sibling of a group: the same task
         for s in range(config.siblings):
-            specs.append(RolloutSpec(f"{config.name}-g{g}-s{s}", f"{config.name}-g{g}", s, task_seed, environment))
+            specs.append(RolloutSpec(f"{config.name}-g{g}-s{s}", f"{config.name}-g{g}", s,
+                                     task.seed if task is not None else task_seed, environment, task=task))
     return specs
 
 

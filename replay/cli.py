@@ -42,6 +42,8 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal export-training --journal runs/journal --out rollouts.pt
   rollout-journal fork demo-g0-s0 --at-turn 2 --journal runs/journal
   rollout-journal kafka up             a local Kafka broker from Maven jars (no Docker)
+  rollout-journal serve-resources --environment workplace --port 8700
+                                       a resource server: that environment's resources behind HTTP
 """
 
 # Exit codes of run/resume/demo, most specific error first. One table serves the mapping
@@ -103,9 +105,34 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_command(sub)
     report_html.add_command(replay)
 
+    serve = sub.add_parser(
+        "serve-resources", help="serve one environment kind's resources over HTTP, for many rollouts",
+        description="A resource server: hosts the environments of one kind (a built-in name, package.module:Class, "
+                    "or an entry point of rollout_journal.environments) for every rollout whose workload names it "
+                    "in resource_servers. Requests must carry the bearer token in ROLLOUT_JOURNAL_RESOURCE_TOKEN "
+                    "(the same value for server and workers). Prints 'serving ENV at URL' once it listens; stops "
+                    "on SIGINT or SIGTERM.")
+    serve.add_argument("--environment", required=True, help="the environment kind to host")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8700, help="port (default 8700; 0 picks a free one)")
+    serve.add_argument("--fault-injection", action="store_true",
+                       help="accept POST /v1/faults (drills: make the next requests of a route fail)")
+
     from compose.cli import register_kafka_commands
     register_kafka_commands(sub)
     return parser
+
+
+def _serve_resources(args: argparse.Namespace) -> int:
+    from participants.environments import environment_class
+    from participants.resource_protocol import ServiceToken
+    from participants.resource_server import serve_resources
+
+    environment_class(args.environment)  # an unknown or broken environment is refused before the port opens
+    token = ServiceToken.from_environment("serve-resources")
+    serve_resources(args.environment, host=args.host, port=args.port, token=token, faults=args.fault_injection,
+                    ready=lambda url: print(f"serving {args.environment} at {url}", flush=True))
+    return EXIT_OK
 
 
 def _workload(args: argparse.Namespace, resume: bool) -> int:
@@ -322,6 +349,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "kafka":
             from compose.cli import run_kafka_command
             return run_kafka_command(args)
+        if args.command == "serve-resources":
+            return _serve_resources(args)
     except BrokenPipeError:  # `rollout-journal show ... | head`: the reader left, nothing is wrong
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK

@@ -168,7 +168,7 @@ class MutationVerifier:
                 self.report.skipped[rollout_id] = ("no WorkloadRegistered record names this rollout, so its "
                                                    "environment is unknown")
                 return None
-            rollout.env = make_environment(spec.environment, rollout_id, spec.task_seed)
+            rollout.env = make_environment(spec.environment, rollout_id, spec.environment_task())
             for resource in rollout.env.resources.values():
                 self._recovery_of_kind[resource.kind] = resource.recovery
         return rollout.env

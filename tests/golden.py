@@ -181,7 +181,6 @@ PARTITIONS = 4
 def write_golden(bootstrap: str) -> None:
     """Write the golden set anew (see the module docstring)."""
     import os
-    import tempfile
 
     from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey

@@ -104,3 +104,19 @@ def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
     for size in ("small", "large"):
         assert report["memory"][size]["peak_rss_mb"] > 0 and report["memory"][size]["traced_peak_mb"] > 0
     assert report["memory_growth"]["events"] > 3
+
+
+@pytest.mark.slow
+def test_services_reports_the_http_ratio_and_the_pauses() -> None:
+    """Resource servers as processes, tiny sizes: the figures the docs quote are there."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "services.py"), "--json", "--rounds", "1", "--groups", "2",
+         "--siblings", "1", "--turns", "3"],
+        capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    for key in ("http_vs_inprocess_ratio", "turns_per_s_http", "turns_per_s_inprocess", "pause_p50_ms",
+                "pause_p99_ms"):
+        assert report[key] > 0, key
+    assert report["pause_checkpoints"] > 0

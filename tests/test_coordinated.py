@@ -1,56 +1,51 @@
-"""Coordinated checkpoints: a consistent cut for resource state that lives outside the journal."""
+"""Coordinated checkpoints: a consistent cut for resource state that lives outside the journal,
+here in a real resource server process (fault injection on) reached over HTTP."""
 
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from journal.events import ResourceMutation
 from journal.open import open_journal
 from participants.config import WorkloadConfig
-from participants.resource_server import HttpStateExporter, ResourceServer
-from participants.resources import Resource
 from participants.runner import Runner, workload_specs
 from participants.workload import build_backend, run_workload
 from tests.recovery_support import assert_identical, reference_outcomes
+from tests.resource_servers import ServerProcess, token_in_environment
 
 
-def coordinated(tmp_path: Path, **overrides) -> WorkloadConfig:
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServerProcess]:
+    """One counter server for the module, started with --fault-injection."""
+    process = ServerProcess("counter", faults=True).start()
+    try:
+        with token_in_environment():
+            yield process
+    finally:
+        process.stop()
+
+
+def coordinated(tmp_path: Path, server: ServerProcess | None = None, **overrides) -> WorkloadConfig:
     base = dict(name="co", groups=2, siblings=2, max_turns=5, environment="counter", seed=5,
                 allow_early_submit=False, journal=str(tmp_path / "journal"), checkpoint_mode="coordinated",
                 coordinated_every_s=3600.0, turn_delay_ms=15.0)
+    if server is not None:
+        base["resource_servers"] = {"counter": server.url}
     return WorkloadConfig(**(base | overrides))
 
 
-def runner_with_server(config: WorkloadConfig, journal, **kwargs) -> tuple[Runner, ResourceServer]:
-    holder: dict[str, Runner] = {}
-
-    def lookup(resource_id: str):
-        live = holder["runner"].live.get(resource_id.split("/", 1)[0])
-        return live.env.resources.get(resource_id) if live else None
-
-    server = ResourceServer(lookup=lookup)
+def runner_for(config: WorkloadConfig, journal, **kwargs) -> Runner:
     backend = build_backend(config)
-    runner = Runner(config, journal, backend, backend.tokenizer, exporter=HttpStateExporter(server.url), **kwargs)
-    holder["runner"] = runner
-    return runner, server
+    return Runner(config, journal, backend, backend.tokenizer, **kwargs)
 
 
-class ExportsTimed(HttpStateExporter):
-    """Records when each export try began and ended: exports run while the agents are parked."""
-
-    def __init__(self, base_url: str) -> None:
-        super().__init__(base_url)
-        self.spans: list[tuple[float, float]] = []
-
-    def export(self, resource: Resource) -> bytes:
-        started = time.perf_counter()
-        try:
-            return super().export(resource)
-        finally:
-            self.spans.append((started, time.perf_counter()))
+def inject(server: ServerProcess, count: int, status: int = 500, body: str = "injected failure") -> None:
+    answer = server.post("/v1/faults", {"route": "prepare", "count": count, "status": status, "body": body})
+    assert answer.status_code == 200, answer.text
 
 
 async def until(predicate, timeout_s: float = 30.0) -> None:
@@ -60,30 +55,26 @@ async def until(predicate, timeout_s: float = 30.0) -> None:
         await asyncio.sleep(0.005)
 
 
-def test_an_http_500_during_export_is_retried_and_the_checkpoint_restores(tmp_path: Path) -> None:
-    config = coordinated(tmp_path)
+def test_an_http_500_during_prepare_is_retried_and_the_checkpoint_restores(tmp_path: Path, server) -> None:
+    config = coordinated(tmp_path, server, name="co500")
     reference = reference_outcomes(config)
     specs = workload_specs(config)
 
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
-            runner, server = runner_with_server(config, journal)
-            exporter = runner.checkpointer.exporter = ExportsTimed(server.url)
-            with server:
-                run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 3 for s in specs}))
-                await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 4)
-                server.fail_next(2, status=500)
-                called = time.perf_counter()
-                report = await runner.checkpointer.checkpoint(runner.live.values())
-                returned = time.perf_counter()
-                await run
+            runner = runner_for(config, journal)
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 3 for s in specs}))
+            await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 4)
+            inject(server, 2, status=500)
+            called = asyncio.get_running_loop().time()
+            report = await runner.checkpointer.checkpoint(runner.live.values())
+            returned = asyncio.get_running_loop().time()
+            await run
         assert report.retries == 2
         assert set(report.included) == {s.rollout_id for s in specs} and not report.skipped
-        # The agents stay parked from before the first export try to after the last (the two
-        # retries' backoff included): the pause holds that whole span, and no more than the call.
-        parked_span = max(end for _, end in exporter.spans) - min(start for start, _ in exporter.spans)
-        assert len(exporter.spans) == len(specs) + 2
-        assert parked_span <= report.pause_ms / 1000 <= returned - called
+        assert 0 < report.pause_ms / 1000 <= returned - called
+        stats = server.stats()
+        assert stats["resumes"] >= len(specs)  # every prepared session was let go after the commit
 
     asyncio.run(scenario())
     resumed = run_workload(config, resume=True)  # a crash after the checkpoint: restore from it
@@ -95,15 +86,14 @@ def test_a_rollout_not_at_a_turn_boundary_in_time_is_skipped_not_fatal(tmp_path:
 
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
-            runner, server = runner_with_server(config, journal)
-            with server:
-                run = asyncio.create_task(runner.run(resume=False))
-                await until(lambda: runner.live and all(not l.at_boundary.is_set() for l in runner.live.values()))
-                report = await runner.checkpointer.checkpoint(runner.live.values())
-                assert set(report.skipped) == set(runner.live) and not report.included
-                assert all("turn boundary" in why for why in report.skipped.values())
-                assert report.pause_ms < 1000  # bounded by the prepare timeout, not by the slow turns
-                await run
+            runner = runner_for(config, journal)
+            run = asyncio.create_task(runner.run(resume=False))
+            await until(lambda: runner.live and all(not l.at_boundary.is_set() for l in runner.live.values()))
+            report = await runner.checkpointer.checkpoint(runner.live.values())
+            assert set(report.skipped) == set(runner.live) and not report.included
+            assert all("turn boundary" in why for why in report.skipped.values())
+            assert report.pause_ms < 1000  # bounded by the prepare timeout, not by the slow turns
+            await run
 
     asyncio.run(scenario())
 
@@ -125,19 +115,18 @@ def test_a_finished_sibling_waiting_for_its_acknowledgement_does_not_deadlock_pr
 
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
-            runner, server = runner_with_server(config, journal, hold_until_acknowledged=True)
-            with server:
-                run = asyncio.create_task(runner.run(resume=False))
-                await until(lambda: any(l.state.finished for l in runner.live.values())
-                            and not all(l.state.finished for l in runner.live.values()))
-                finished = [rid for rid, l in runner.live.items() if l.state.finished]
-                report = await asyncio.wait_for(runner.checkpointer.checkpoint(runner.live.values()), 10)
-                assert set(finished) <= set(report.included)
-                await until(lambda: all(l.state.finished for l in runner.live.values()))
-                assert not run.done(), "the group is held until the trainer acknowledges it"
-                await runner.acknowledge(list(runner.live))
-                await asyncio.wait_for(run, 10)
-                await runner.checkpointer.checkpoint(runner.live.values())  # must not bring them back
+            runner = runner_for(config, journal, hold_until_acknowledged=True)
+            run = asyncio.create_task(runner.run(resume=False))
+            await until(lambda: any(l.state.finished for l in runner.live.values())
+                        and not all(l.state.finished for l in runner.live.values()))
+            finished = [rid for rid, l in runner.live.items() if l.state.finished]
+            report = await asyncio.wait_for(runner.checkpointer.checkpoint(runner.live.values()), 10)
+            assert set(finished) <= set(report.included)
+            await until(lambda: all(l.state.finished for l in runner.live.values()))
+            assert not run.done(), "the group is held until the trainer acknowledges it"
+            await runner.acknowledge(list(runner.live))
+            await asyncio.wait_for(run, 10)
+            await runner.checkpointer.checkpoint(runner.live.values())  # must not bring them back
             # acknowledged rollouts leave the snapshot stream; the workload's registration stays
             index = journal.snapshots()
             assert set(index.snapshots) == set()
@@ -148,72 +137,68 @@ def test_a_finished_sibling_waiting_for_its_acknowledgement_does_not_deadlock_pr
     assert all(row.acknowledged and row.turns_run_here == 0 for row in again.rollouts.values())
 
 
-class Rendezvous:
-    """Each export waits until every rollout's export has begun, then exports over HTTP: only
-    exports that run at once get through (the wait is bounded so a regression fails, not hangs)."""
-
-    def __init__(self, inner: HttpStateExporter, parties: int) -> None:
-        self.inner = inner
-        self.barrier = threading.Barrier(parties, timeout=30)
-
-    def export(self, resource):
-        self.barrier.wait()
-        return self.inner.export(resource)
-
-
-def test_the_exports_of_every_parked_rollout_run_at_once(tmp_path: Path) -> None:
-    config = coordinated(tmp_path)
+# The checkpoints below start after 2 of 16 turns: every rollout still has turns to run, so the
+# run cannot end (and close its clients) while the checkpoint holds the turn boundary.
+def test_every_parked_rollout_is_prepared_at_once(tmp_path: Path, server) -> None:
+    config = coordinated(tmp_path, server, name="coall")
     specs = workload_specs(config)
 
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
-            runner, server = runner_with_server(config, journal)
-            runner.checkpointer.exporter = Rendezvous(HttpStateExporter(server.url), parties=len(specs))
-            with server:
-                run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 2 for s in specs}))
-                await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
-                report = await runner.checkpointer.checkpoint(runner.live.values())
-                await run
+            runner = runner_for(config, journal)
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 4 for s in specs}))
+            await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
+            # Each prepare waits until every rollout's prepare has begun, then goes over HTTP: only
+            # prepares that run at once get through (bounded, so a regression fails, not hangs).
+            barrier = asyncio.Barrier(len(specs))
+            for live in runner.live.values():
+                async def at_once(epoch: int, *args, _prepare=live.env.aprepare_checkpoint):
+                    await asyncio.wait_for(barrier.wait(), 0.9)
+                    return await _prepare(epoch, *args)
+                live.env.aprepare_checkpoint = at_once
+            report = await runner.checkpointer.checkpoint(runner.live.values())
+            await run
         assert set(report.included) == {s.rollout_id for s in specs} and not report.skipped
 
     asyncio.run(scenario())
 
 
 def test_a_server_that_keeps_failing_holds_the_pause_for_one_prepare_timeout_not_one_per_rollout(
-        tmp_path: Path) -> None:
-    # Five tries with backoff take about 0.6 s per export; the whole export phase gets 0.2 s.
-    config = coordinated(tmp_path, prepare_timeout_s=0.2)
+        tmp_path: Path, server) -> None:
+    config = coordinated(tmp_path, server, name="cofail", prepare_timeout_s=0.2)
     specs = workload_specs(config)
 
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
-            runner, server = runner_with_server(config, journal)
-            with server:
-                run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 2 for s in specs}))
-                await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
-                server.fail_next(10_000, status=500)
+            runner = runner_for(config, journal)
+            runner.checkpointer.max_retries = 10_000  # it never gives up: only the prepare timeout ends it
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 4 for s in specs}))
+            await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
+            inject(server, 10_000, status=500)
+            try:
                 report = await runner.checkpointer.checkpoint(runner.live.values())
-                await run
+            finally:
+                server.post("/v1/faults", {"route": "prepare", "clear": True})
+            await run
         assert set(report.skipped) == {s.rollout_id for s in specs} and not report.included
         assert all(why == "exports not done within 0.2s" for why in report.skipped.values()), report.skipped
 
     asyncio.run(scenario())
 
 
-def test_an_error_page_served_with_http_200_is_never_snapshotted(tmp_path: Path) -> None:
-    config = coordinated(tmp_path)
+def test_an_error_page_served_with_http_200_is_never_snapshotted(tmp_path: Path, server) -> None:
+    config = coordinated(tmp_path, server, name="co200")
     reference = reference_outcomes(config)
     specs = workload_specs(config)
 
     async def scenario() -> None:
         with open_journal(config.journal) as journal:
-            runner, server = runner_with_server(config, journal)
-            with server:
-                run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 3 for s in specs}))
-                await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 4)
-                server.fail_next(1, status=200, body=b"<html><body>502 Bad Gateway</body></html>")
-                report = await runner.checkpointer.checkpoint(runner.live.values())
-                await run
+            runner = runner_for(config, journal)
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 3 for s in specs}))
+            await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 4)
+            inject(server, 1, status=200, body="<html><body>502 Bad Gateway</body></html>")
+            report = await runner.checkpointer.checkpoint(runner.live.values())
+            await run
         (skipped, why), = report.skipped.items()
         assert "<html>" in why and "export" in why
         assert set(report.included) == {s.rollout_id for s in specs} - {skipped}
@@ -227,13 +212,12 @@ def test_an_error_page_served_with_http_200_is_never_snapshotted(tmp_path: Path)
 async def _checkpoint_then_stop(config: WorkloadConfig, journal, turns: int) -> Runner:
     """Run to ``turns`` committed turns per rollout with a good coordinated checkpoint on the way."""
     specs = workload_specs(config)
-    runner, server = runner_with_server(config, journal)
-    with server:
-        run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: turns for s in specs}))
-        await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 3)
-        report = await runner.checkpointer.checkpoint(runner.live.values())
-        assert not report.skipped
-        await run
+    runner = runner_for(config, journal)
+    run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: turns for s in specs}))
+    await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 3)
+    report = await runner.checkpointer.checkpoint(runner.live.values())
+    assert not report.skipped
+    await run
     return runner
 
 
@@ -284,3 +268,36 @@ def test_when_no_snapshot_and_no_replay_restores_a_rollout_it_alone_is_set_aside
 
     assert set(resumed.set_aside) == {victim}
     assert_identical(resumed, {rid: o for rid, o in reference.items() if rid != victim})
+
+
+def test_a_checkpoint_cancelled_mid_prepare_leaves_no_prepare_running(tmp_path: Path) -> None:
+    """A run that ends cancels its periodic checkpoint; its prepares must end with it, or they talk
+    to resource servers through clients the run is closing (seen as ReadErrors and retries)."""
+    config = coordinated(tmp_path, name="cocancel")
+    specs = workload_specs(config)
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner = runner_for(config, journal)
+            run = asyncio.create_task(runner.run(resume=False, stop_after={s.rollout_id: 4 for s in specs}))
+            await until(lambda: sum(l.state.next_turn for l in runner.live.values()) >= 2)
+            started, cancelled = asyncio.Event(), []
+            for live in runner.live.values():
+                async def hung(epoch: int, *args, _rid=live.spec.rollout_id):
+                    started.set()
+                    try:
+                        await asyncio.sleep(60)
+                    except asyncio.CancelledError:
+                        cancelled.append(_rid)
+                        raise
+                live.env.aprepare_checkpoint = hung
+            checkpoint = asyncio.create_task(runner.checkpointer.checkpoint(runner.live.values()))
+            await started.wait()
+            await asyncio.sleep(0.01)  # every prepare has begun
+            checkpoint.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await checkpoint
+            assert sorted(cancelled) == sorted(runner.live)  # each prepare ended with the checkpoint
+            await run
+
+    asyncio.run(scenario())

@@ -241,7 +241,7 @@ def test_workplace_queries_read_without_journaling(envs: list[Environment]) -> N
     assert isinstance(env, WorkplaceEnvironment)
     agent = Agent(env)
     obs = agent.act("mail.list()")
-    assert env.task.contact in obs.text and "unread" in obs.text
+    assert env.world.contact in obs.text and "unread" in obs.text
     assert agent.journal == [] and set(env.revisions().values()) == {0}
 
 

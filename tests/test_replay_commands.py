@@ -66,8 +66,8 @@ class WatchedRunner(Runner):
         super().__init__(*args, **kwargs)
         self.watched, self.initial = states, initial  # (Runner.states is the rollouts' own)
 
-    def _new_environment(self, spec):
-        env = super()._new_environment(spec)
+    def _new_environment(self, spec, **kwargs):
+        env = super()._new_environment(spec, **kwargs)
         for resource in env.resources.values():
             self.initial[resource.resource_id] = resource.canonical_state()
             self._watch(resource)

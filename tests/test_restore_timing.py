@@ -30,9 +30,9 @@ class EnvironmentsTimed(Runner):
         super().__init__(*args, **kwargs)
         self.environment_seconds: list[float] = []
 
-    def _new_environment(self, spec: RolloutSpec) -> Environment:
+    def _new_environment(self, spec: RolloutSpec, *, fresh: bool = False) -> Environment:
         started = time.perf_counter()
-        env = super()._new_environment(spec)
+        env = super()._new_environment(spec, fresh=fresh)
         self.environment_seconds.append(time.perf_counter() - started)
         return env
 

@@ -1,44 +1,45 @@
-"""Example environments, by name: ``make_environment("workplace", rollout_id, seed)``."""
+"""Environments: the protocol (:mod:`.base`), tasks (:mod:`.tasks`), JSON tool calls
+(:mod:`.tool_calls`), how a name finds its class (:mod:`.registry`), and three worked
+examples: ``workplace`` (event-sourced), ``counter`` (exportable), ``sandbox`` (restart-only).
+
+``make_environment("workplace", rollout_id, task)`` builds one for a rollout."""
 
 from __future__ import annotations
 
-from journal.errors import RolloutJournalError
-from participants.environments.base import Environment, Observation, StepMutations
-from participants.environments.counter import CounterEnvironment
-from participants.environments.sandbox import SandboxEnvironment
-from participants.environments.workplace import WorkplaceEnvironment
+from participants.environments.base import (
+    Environment,
+    Observation,
+    StepContext,
+    StepMutations,
+)
+from participants.environments.registry import (
+    ENTRY_POINT_GROUP,
+    ENVIRONMENTS,
+    UnknownEnvironmentError,
+    environment_class,
+    make_environment,
+)
+from participants.environments.tasks import Task, TaskFileError, load_tasks
+from participants.environments.tool_calls import (
+    ToolCall,
+    ToolCallError,
+    parse_tool_call,
+)
 
 __all__ = [
+    "ENTRY_POINT_GROUP",
     "ENVIRONMENTS",
     "Environment",
     "Observation",
+    "StepContext",
     "StepMutations",
+    "Task",
+    "TaskFileError",
+    "ToolCall",
+    "ToolCallError",
     "UnknownEnvironmentError",
     "environment_class",
+    "load_tasks",
     "make_environment",
+    "parse_tool_call",
 ]
-
-ENVIRONMENTS: dict[str, type[Environment]] = {
-    WorkplaceEnvironment.name: WorkplaceEnvironment,
-    SandboxEnvironment.name: SandboxEnvironment,
-    CounterEnvironment.name: CounterEnvironment,
-}
-
-
-class UnknownEnvironmentError(RolloutJournalError, LookupError):
-    """No environment is registered under the requested name."""
-
-
-def environment_class(name: str) -> type[Environment]:
-    """The environment registered as ``name``; ``UnknownEnvironmentError`` names the known ones."""
-    try:
-        return ENVIRONMENTS[name]
-    except KeyError:
-        raise UnknownEnvironmentError(
-            f"no environment named {name!r}; known environments: {', '.join(sorted(ENVIRONMENTS))}"
-        ) from None
-
-
-def make_environment(name: str, rollout_id: str, task_seed: int) -> Environment:
-    """Build the environment registered as ``name`` for one rollout; same seed -> same task."""
-    return environment_class(name)(rollout_id, task_seed)

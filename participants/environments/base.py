@@ -1,20 +1,50 @@
-"""What the agent talks to: an environment = a task + a finite action space + resources.
+"""The protocol of an environment: a task, the tool calls valid now, resources, a reward.
 
-An environment keeps no state outside its resources, so rebuilding its
-resources (replay, import or reset) rebuilds the environment. Actions are short
-tool-call strings; the set valid *now* is :meth:`Environment.action_space`, and
-:meth:`Environment.step` accepts exactly those strings (anything else yields an
-"invalid action" observation, never an exception).
+Write your own by subclassing :class:`Environment` (the built-ins ``workplace``,
+``counter`` and ``sandbox`` are worked examples):
+
+- ``__init__(rollout_id, task)``: call ``super().__init__``, then build the task's
+  resources (subclasses of :class:`~participants.resources.Resource`) and register each
+  with :meth:`Environment._add_resource`. ``self.task`` is a
+  :class:`~participants.environments.tasks.Task`: a seed, and for a dataset row its
+  ``prompt`` and ``fields``.
+- :meth:`Environment.task_prompt`, :meth:`Environment.action_space` (the tool calls valid
+  now, ending with ``submit()``), :meth:`Environment._perform` (run one of them, mutating
+  only through ``mutations.apply``) and :meth:`Environment.verify` (the reward).
+- Optionally :meth:`Environment._call_tool` for free-form JSON tool calls; by default a
+  JSON call runs the listed action with the same name and arguments.
+
+An environment keeps no state outside its resources, so rebuilding its resources
+(replay, import or reset) rebuilds the environment. How it recovers after a crash is
+its weakest resource's :class:`~participants.resources.Recovery` mode. Name it in a
+workload as ``package.module:Class`` or through the ``rollout_journal.environments``
+entry point group: no edit of this project is needed.
+
+Anything the model says that is no valid call (a string outside the action list, JSON
+that does not parse, an unknown function, bad arguments) becomes an observation for
+the model, never an exception: only fencing, revision and idempotency errors (the
+attempt must stop) and infrastructure failures leave :meth:`Environment.step`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Callable, ClassVar, Iterable
+from typing import Any, ClassVar
 
+from journal.errors import ConfigurationError, RolloutJournalError
+from participants.environments.tasks import Task
+from participants.environments.tool_calls import (
+    ToolCall,
+    ToolCallError,
+    argument_text,
+    looks_like_tool_call,
+    parse_tool_call,
+)
 from participants.resources import (
     MutationRecord,
     MutationRequest,
@@ -22,22 +52,25 @@ from participants.resources import (
     Recovery,
     Resource,
     ResourceError,
+    UnknownOperationError,
     weakest_recovery,
 )
 
 __all__ = [
-    "Observation",
-    "Environment",
-    "StepMutations",
-    "RequestFor",
     "SUBMIT",
-    "split_call",
-    "parse_kwargs",
+    "Environment",
+    "Observation",
+    "RequestFor",
+    "StepContext",
+    "StepMutations",
     "UnknownResourceError",
+    "parse_kwargs",
+    "split_call",
 ]
 
 SUBMIT = "submit()"
 RequestFor = Callable[[Resource], MutationRequest]
+Action = str | ToolCall
 
 _CALL = re.compile(r"^([A-Za-z_][\w]*(?:\.[A-Za-z_][\w]*)?)\((.*)\)$", re.DOTALL)
 
@@ -71,6 +104,27 @@ class StepMutations:
         return record.result
 
 
+@dataclass
+class StepContext:
+    """Who is mutating, for one step: every mutation of the step gets a ``MutationRequest``
+    with the rollout's attempt and epoch, the idempotency key ``<key_prefix>/m<i>`` (the
+    i-th mutation of the step) and the resource's revision as the expected one.
+
+    Keys depend on (rollout, turn, index) only, so a turn re-executed after a crash maps
+    to the same keys. A resource server builds the same context from a step request."""
+
+    rollout_id: str
+    attempt: int
+    epoch: int
+    key_prefix: str
+    issued: int = 0
+
+    def __call__(self, resource: Resource) -> MutationRequest:
+        key = f"{self.key_prefix}/m{self.issued}"
+        self.issued += 1
+        return MutationRequest(self.rollout_id, self.attempt, self.epoch, key, resource.revision)
+
+
 def split_call(action: str) -> tuple[str, str]:
     """``"mail.send(to=a, subject=b)"`` -> ``("mail.send", "to=a, subject=b")``."""
     match = _CALL.match(action)
@@ -91,7 +145,7 @@ def parse_kwargs(inner: str) -> dict[str, str]:
 
 
 class Environment(ABC):
-    """A deterministic task over resources; same ``task_seed`` -> same task.
+    """A deterministic task over resources; the same task gives the same environment.
 
     Subclasses set ``name``, create their resources in ``__init__`` with
     :meth:`_add_resource`, and implement :meth:`task_prompt`,
@@ -100,9 +154,11 @@ class Environment(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, rollout_id: str, task_seed: int) -> None:
+    def __init__(self, rollout_id: str, task: Task | int) -> None:
+        """``task`` may be a bare seed (``Task(seed)``), as the built-ins were always built."""
         self.rollout_id = rollout_id
-        self.task_seed = task_seed
+        self.task = task if isinstance(task, Task) else Task(int(task))
+        self.task_seed = self.task.seed
         self.resources: dict[str, Resource] = {}
 
     # -- construction ------------------------------------------------------------
@@ -123,16 +179,26 @@ class Environment(ABC):
     def action_space(self) -> list[str]:
         """Valid tool-call strings now, in a deterministic order; always ends with ``submit()``."""
 
-    def step(self, action: str, request_for: RequestFor) -> tuple[Observation, list[MutationRecord]]:
+    def step(self, action: Action, request_for: RequestFor) -> tuple[Observation, list[MutationRecord]]:
         """Run one action; returns the observation and the mutation records in order.
 
-        An action outside :meth:`action_space` or one the resource rejects gives
-        an observation saying so. Fencing, revision and idempotency errors
+        ``action`` is a string of :meth:`action_space`, a JSON tool call (as text or a
+        :class:`ToolCall`), or anything else the model said. Whatever cannot be parsed or
+        executed, or is rejected by a resource, gives an observation saying so (with the
+        records of the mutations it did make). Fencing, revision and idempotency errors
         propagate: they mean the attempt itself must stop.
         """
-        action = action.strip()
-        if action == SUBMIT:
-            return Observation("Submitted. The episode is over.", done=True), []
+        if isinstance(action, str):
+            action = action.strip()
+            if action == SUBMIT:
+                return Observation("Submitted. The episode is over.", done=True), []
+            if looks_like_tool_call(action):
+                try:
+                    action = parse_tool_call(action)
+                except ToolCallError as exc:
+                    return Observation(f"Error: could not parse the tool call: {exc}."), []
+        if isinstance(action, ToolCall):
+            return self._step_tool_call(action, request_for)
         valid = self.action_space()
         if action not in valid:
             return Observation(
@@ -146,6 +212,40 @@ class Environment(ABC):
             text = f"Error: {exc}"
         return Observation(text), mutations.records
 
+    def _step_tool_call(self, call: ToolCall, request_for: RequestFor) -> tuple[Observation, list[MutationRecord]]:
+        if call.name == SUBMIT.removesuffix("()"):
+            return Observation("Submitted. The episode is over.", done=True), []
+        mutations = StepMutations(request_for)
+        try:
+            text = self._call_tool(call, mutations)
+        except (ToolCallError, OperationRejectedError, UnknownOperationError) as exc:
+            text = f"Error: {exc}"
+        except (KeyError, TypeError, ValueError) as exc:  # the environment's code choked on the arguments
+            if isinstance(exc, RolloutJournalError):
+                raise
+            text = f"Error: {call.name} could not be executed with these arguments ({type(exc).__name__}: {exc})"
+        return Observation(text), mutations.records
+
+    def _call_tool(self, call: ToolCall, mutations: StepMutations) -> str:
+        """Execute a JSON tool call. By default: the action of :meth:`action_space` with the same
+        function name and the same arguments (in any order), run by :meth:`_perform`. Override it
+        to take arguments no action list could enumerate; raise :class:`ToolCallError` (or let a
+        resource raise ``OperationRejectedError``) to tell the model what is wrong."""
+        wanted = {k: argument_text(v) for k, v in call.arguments.items()}
+        names = []
+        for action in self.action_space():
+            try:
+                name, inner = split_call(action)
+                if name == call.name and parse_kwargs(inner) == wanted:
+                    return self._perform(action, mutations)
+            except ValueError:
+                continue  # an action whose arguments are no key=value list cannot match a JSON call
+            names.append(name)
+        known = sorted(set(names))
+        if call.name not in known:
+            raise ToolCallError(f"there is no tool {call.name!r} now; tools: {', '.join(known)}")
+        raise ToolCallError(f"{call.name} takes other arguments than {dict(call.arguments)} now")
+
     @abstractmethod
     def _perform(self, action: str, mutations: StepMutations) -> str:
         """Carry out a valid, non-submit action; mutate only through ``mutations.apply``."""
@@ -153,6 +253,32 @@ class Environment(ABC):
     @abstractmethod
     def verify(self) -> float:
         """Reward in [0, 1], deterministic from the resources' state."""
+
+    # -- what the agent awaits (a remote environment answers over HTTP) -----------
+    async def astep(self, action: Action, request_for: RequestFor) -> tuple[Observation, list[MutationRecord]]:
+        """:meth:`step`, awaitable: an environment behind a resource server does not block the loop."""
+        return self.step(action, request_for)
+
+    async def averify(self) -> float:
+        """:meth:`verify`, awaitable."""
+        return self.verify()
+
+    async def aexport(self, resource_ids: Iterable[str]) -> dict[str, bytes]:
+        """The exported state of these resources (for a snapshot)."""
+        return {rid: self.resources[rid].export_state() for rid in resource_ids}
+
+    async def aprepare_checkpoint(self, epoch: int) -> dict[str, bytes]:
+        """A coordinated checkpoint's prepare: the exports of every exportable resource (none for a
+        restart-only environment, which no export brings back). The agents are parked, so nothing
+        mutates meanwhile; a remote environment also holds its server's session still."""
+        if self.recovery is Recovery.RESTART_ONLY:
+            return {}
+        resources = [r for r in self.resources.values() if r.supports_export]
+        states = await asyncio.gather(*(asyncio.to_thread(r.export_state) for r in resources))
+        return {r.resource_id: state for r, state in zip(resources, states)}
+
+    async def aend_checkpoint(self, epoch: int, committed: bool) -> None:
+        """The checkpoint that prepared this environment was committed (or abandoned): resume."""
 
     @property
     def recovery(self) -> Recovery:
@@ -175,6 +301,30 @@ class Environment(ABC):
                     f"(revision {record.revision}); known: {', '.join(sorted(self.resources))}"
                 )
             resource.replay(record)
+
+    def restore(self, exports: Mapping[str, bytes], mutations: Sequence[MutationRecord], *,
+                fence_epoch: int | None = None) -> None:
+        """Bring this freshly built environment to a journaled point: import the exports of the
+        rollout's last snapshot, re-apply the mutations journaled since, then fence the next
+        attempt's epoch (imports carry older fences). A ``ResourceError`` means this snapshot
+        does not restore (the caller may fall back to an older one)."""
+        for resource_id, exported in exports.items():
+            resource = self.resources.get(resource_id)
+            if resource is None:
+                raise ConfigurationError(
+                    f"rollout {self.rollout_id}: its snapshot holds resource {resource_id!r}, which environment "
+                    f"{self.name!r} does not have; was the workload's environment changed?")
+            resource.import_state(exported)
+        self.replay(mutations)
+        if fence_epoch is not None:
+            self.fence(self.rollout_id, fence_epoch)
+
+    async def arestore(self, exports: Mapping[str, bytes], mutations: Sequence[MutationRecord], *,
+                       fence_epoch: int | None = None) -> None:
+        """:meth:`restore`, awaitable. The agent calls it live only on an environment whose resources
+        live elsewhere and were lost (a restarted resource server); ``{}`` and ``[]`` mean the
+        task's initial state."""
+        self.restore(exports, mutations, fence_epoch=fence_epoch)
 
     def revisions(self) -> dict[str, int]:
         return {rid: r.revision for rid, r in self.resources.items()}

@@ -11,7 +11,14 @@ import copy
 import random
 from typing import Any
 
-from participants.environments.base import Environment, StepMutations, SUBMIT, parse_kwargs, split_call
+from participants.environments.base import (
+    SUBMIT,
+    Environment,
+    StepMutations,
+    parse_kwargs,
+    split_call,
+)
+from participants.environments.tasks import Task
 from participants.resources import OperationRejectedError, Recovery, Resource
 
 __all__ = ["CounterStore", "CounterEnvironment", "COUNTER_NAMES"]
@@ -80,9 +87,9 @@ class CounterEnvironment(Environment):
 
     name = "counter"
 
-    def __init__(self, rollout_id: str, task_seed: int) -> None:
-        super().__init__(rollout_id, task_seed)
-        rng = random.Random(task_seed)
+    def __init__(self, rollout_id: str, task: Task | int) -> None:
+        super().__init__(rollout_id, task)
+        rng = random.Random(self.task_seed)
         self.start: dict[str, int] = {}
         self.targets: dict[str, int] = {}
         for name in COUNTER_NAMES:

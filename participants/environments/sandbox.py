@@ -20,7 +20,8 @@ import sys
 import weakref
 from typing import Any, Callable, ClassVar
 
-from participants.environments.base import Environment, StepMutations, SUBMIT
+from participants.environments.base import SUBMIT, Environment, StepMutations
+from participants.environments.tasks import Task
 from participants.resources import Recovery, Resource, ResourceError
 
 __all__ = [
@@ -254,9 +255,9 @@ class SandboxEnvironment(Environment):
     name = "sandbox"
     ACTIONS: ClassVar[tuple[str, ...]] = (*_STEPS, _PRINT, SUBMIT)
 
-    def __init__(self, rollout_id: str, task_seed: int) -> None:
-        super().__init__(rollout_id, task_seed)
-        rng = random.Random(task_seed)
+    def __init__(self, rollout_id: str, task: Task | int) -> None:
+        super().__init__(rollout_id, task)
+        rng = random.Random(self.task_seed)
         self.start_value = rng.randint(1, 6)
         x = self.start_value
         for _ in range(rng.randint(2, 4)):

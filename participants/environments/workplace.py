@@ -15,7 +15,14 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from participants.environments.base import Environment, StepMutations, parse_kwargs, split_call, SUBMIT
+from participants.environments.base import (
+    SUBMIT,
+    Environment,
+    StepMutations,
+    parse_kwargs,
+    split_call,
+)
+from participants.environments.tasks import Task
 from participants.resources import OperationRejectedError, Recovery, Resource
 
 __all__ = ["Mailbox", "Calendar", "CustomerRecords", "WorkplaceTask", "WorkplaceEnvironment", "CUSTOMERS", "DAYS", "HOURS"]
@@ -313,12 +320,12 @@ class WorkplaceEnvironment(Environment):
         "crm note 'moved' added", "request marked read", "nothing else changed",
     )
 
-    def __init__(self, rollout_id: str, task_seed: int) -> None:
-        super().__init__(rollout_id, task_seed)
-        self.task = WorkplaceTask.from_seed(task_seed)
-        self.mail = Mailbox(self.resource_id("mail"), self.task.initial_inbox())
-        self.calendar = Calendar(self.resource_id("calendar"), self.task.initial_events())
-        self.crm = CustomerRecords(self.resource_id("crm"), self.task.initial_records())
+    def __init__(self, rollout_id: str, task: Task | int) -> None:
+        super().__init__(rollout_id, task)
+        self.world = WorkplaceTask.from_seed(self.task_seed)
+        self.mail = Mailbox(self.resource_id("mail"), self.world.initial_inbox())
+        self.calendar = Calendar(self.resource_id("calendar"), self.world.initial_events())
+        self.crm = CustomerRecords(self.resource_id("crm"), self.world.initial_records())
         for resource in (self.mail, self.calendar, self.crm):
             self._add_resource(resource)
         self._handlers: dict[str, Callable[[dict[str, str], StepMutations], str]] = {
@@ -330,7 +337,7 @@ class WorkplaceEnvironment(Environment):
         }
 
     def task_prompt(self) -> str:
-        t = self.task
+        t = self.world
         return (
             f"{t.contact} from {t.customer} emailed you asking to move your {t.customer} meeting. "
             f"Read the request, then: cancel the old calendar event and create the new one with {t.customer}; "
@@ -340,7 +347,7 @@ class WorkplaceEnvironment(Environment):
         )
 
     def action_space(self) -> list[str]:
-        t = self.task
+        t = self.world
         customers = sorted((t.customer, t.other_customer))
         contacts = sorted((t.contact, t.other_contact))
         inbox = self.mail._inbox
@@ -426,7 +433,7 @@ class WorkplaceEnvironment(Environment):
     # -- reward ------------------------------------------------------------------
     def goals(self) -> dict[str, bool]:
         """Which task goals the current state meets (the reward's breakdown)."""
-        t = self.task
+        t = self.world
         new = slot_name(*t.new_slot)
         subject = f"meeting-{new}"
         events = {e["id"]: e for e in self.calendar._events}
@@ -462,7 +469,7 @@ class WorkplaceEnvironment(Environment):
 
     def solution(self) -> list[str]:
         """A shortest action sequence that earns reward 1.0 from the initial state."""
-        t = self.task
+        t = self.world
         new = slot_name(*t.new_slot)
         return [
             f"mail.read(id={t.request_email_id})",

@@ -1,4 +1,4 @@
-"""Resource participants: the contract every environment resource honours.
+"""The resource base class: the contract every environment resource honours.
 
 A resource is a piece of mutable state a rollout acts on (a mailbox, a Python
 interpreter, a counter store). Every mutation carries the rollout's identity
@@ -31,46 +31,32 @@ result or canonical state contains a raw secret of that call.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
-from journal.errors import RolloutJournalError
+from .canonical import canonical_json, sha256_hex
+from .errors import (
+    IdempotencyKeyReuseError,
+    MalformedRecordError,
+    OperationRejectedError,
+    RecoveryNotSupportedError,
+    ReplayDivergenceError,
+    RevisionConflictError,
+    SecretLeakError,
+    StaleEpochError,
+    StateImportError,
+    UnknownOperationError,
+)
+from .records import MutationRecord, MutationRequest, genesis_hash, link_hash
+from .redaction import MIN_LEAK_CHECK_LEN, redact_args, secret_values
 
-__all__ = [
-    "Recovery",
-    "weakest_recovery",
-    "MutationRequest",
-    "MutationRecord",
-    "Resource",
-    "canonical_json",
-    "sha256_hex",
-    "genesis_hash",
-    "link_hash",
-    "verify_chain",
-    "redact_secret",
-    "is_redacted",
-    "redact_args",
-    "ResourceError",
-    "StaleEpochError",
-    "RevisionConflictError",
-    "UnknownOperationError",
-    "OperationRejectedError",
-    "IdempotencyKeyReuseError",
-    "ReplayDivergenceError",
-    "ChainBrokenError",
-    "RecoveryNotSupportedError",
-    "StateImportError",
-    "MalformedRecordError",
-    "SecretLeakError",
-]
+__all__ = ["EXPORT_FORMAT", "Recovery", "Resource", "weakest_recovery"]
 
 EXPORT_FORMAT = "rollout-journal/resource-state/1"
-_REDACTED_PREFIX = "<redacted:"
-_MIN_LEAK_CHECK_LEN = 4  # shorter secrets would match unrelated text by chance
 
 
 class Recovery(str, Enum):
@@ -96,18 +82,6 @@ def weakest_recovery(modes: Iterable[Recovery]) -> Recovery:
     return min(modes, key=_RECOVERY_STRENGTH.__getitem__, default=Recovery.STATELESS)
 
 
-# ----------------------------------------------------------------- canonical form
-
-
-def canonical_json(obj: Any) -> str:
-    """The one JSON spelling used for digests, chain hashes and journaled args/results."""
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-
-
-def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def _json_clean(value: Any, what: str) -> Any:
     """Round-trip through canonical JSON so live and journaled values compare equal.
 
@@ -118,223 +92,6 @@ def _json_clean(value: Any, what: str) -> Any:
         return json.loads(canonical_json(value))
     except (TypeError, ValueError) as exc:
         raise OperationRejectedError(f"{what} is not JSON-serialisable ({exc}); pass plain dicts, lists, str, int, float, bool or None") from exc
-
-
-# ----------------------------------------------------------------- secrets
-
-
-def is_redacted(value: Any) -> bool:
-    return isinstance(value, str) and value.startswith(_REDACTED_PREFIX) and value.endswith(">")
-
-
-def redact_secret(value: Any) -> str:
-    """``<redacted:sha256-prefix>`` for a secret; idempotent on placeholders.
-
-    The 12-hex prefix lets an auditor tell two secrets apart without learning
-    them; it does not stop a dictionary attack on a weak password.
-    """
-    if is_redacted(value):
-        return value
-    text = value if isinstance(value, str) else canonical_json(value)
-    return f"{_REDACTED_PREFIX}{sha256_hex(text)[:12]}>"
-
-
-def redact_args(args: Any, secret_names: Iterable[str]) -> Any:
-    """A copy of ``args`` with every value under a secret key (at any depth) redacted."""
-    names = frozenset(secret_names)
-    if not names:
-        return args
-    if isinstance(args, dict):
-        return {k: (redact_secret(v) if k in names else redact_args(v, names)) for k, v in args.items()}
-    if isinstance(args, list):
-        return [redact_args(v, names) for v in args]
-    return args
-
-
-def _secret_values(args: Any, secret_names: frozenset[str]) -> list[str]:
-    found: list[str] = []
-    if isinstance(args, dict):
-        for k, v in args.items():
-            if k in secret_names and not is_redacted(v):
-                found.append(v if isinstance(v, str) else canonical_json(v))
-            else:
-                found.extend(_secret_values(v, secret_names))
-    elif isinstance(args, list):
-        for v in args:
-            found.extend(_secret_values(v, secret_names))
-    return found
-
-
-# ----------------------------------------------------------------- errors
-
-
-class ResourceError(RolloutJournalError):
-    """Base class of every error a resource raises."""
-
-
-class StaleEpochError(ResourceError):
-    """A mutation came from an epoch older than the fence for its rollout: that attempt is superseded."""
-
-    def __init__(self, resource_id: str, rollout_id: str, attempt: int, epoch: int, fenced_epoch: int, op: str) -> None:
-        self.resource_id, self.rollout_id, self.attempt = resource_id, rollout_id, attempt
-        self.epoch, self.fenced_epoch, self.op = epoch, fenced_epoch, op
-        super().__init__(
-            f"resource {resource_id!r} refused {op!r} from rollout {rollout_id!r} attempt {attempt} "
-            f"epoch {epoch}: the rollout is fenced at epoch {fenced_epoch}; this attempt was superseded, stop it"
-        )
-
-
-class RevisionConflictError(ResourceError):
-    """The caller expected a different revision than the resource has (and the idempotency key is new)."""
-
-    def __init__(self, resource_id: str, expected: int, current: int, idempotency_key: str, op: str) -> None:
-        self.resource_id, self.expected, self.current = resource_id, expected, current
-        self.idempotency_key, self.op = idempotency_key, op
-        super().__init__(
-            f"resource {resource_id!r}: {op!r} (key {idempotency_key!r}) expected revision {expected} "
-            f"but the resource is at revision {current}; re-read the revision (another writer got there first)"
-        )
-
-
-class UnknownOperationError(ResourceError):
-    """The op name is not one this resource implements."""
-
-    def __init__(self, resource_id: str, kind: str, op: str, known: Iterable[str]) -> None:
-        self.resource_id, self.kind, self.op = resource_id, kind, op
-        super().__init__(f"resource {resource_id!r} ({kind}) has no operation {op!r}; known: {', '.join(sorted(known))}")
-
-
-class OperationRejectedError(ResourceError):
-    """The resource refused the op on its current state (bad args, unknown item); nothing changed."""
-
-
-class IdempotencyKeyReuseError(ResourceError):
-    """An idempotency key already applied is reused for a different op or args (an agent bug, not a retry)."""
-
-    def __init__(self, resource_id: str, idempotency_key: str, recorded: MutationRecord, op: str, args: Any) -> None:
-        self.resource_id, self.idempotency_key = resource_id, idempotency_key
-        super().__init__(
-            f"resource {resource_id!r}: idempotency key {idempotency_key!r} was applied at revision "
-            f"{recorded.revision} as {recorded.op}({canonical_json(recorded.args)}) and is now reused for "
-            f"{op}({canonical_json(args)}); derive keys from (rollout, turn, index) and keep re-executed turns identical"
-        )
-
-
-class ReplayDivergenceError(ResourceError):
-    """Re-applying a journaled mutation did not reproduce the journaled revision/digest/chain.
-
-    The resource instance is left half-applied: discard it.
-    """
-
-    def __init__(self, resource_id: str, revision: int, reason: str) -> None:
-        self.resource_id, self.revision = resource_id, revision
-        super().__init__(f"replay of resource {resource_id!r} diverged at revision {revision}: {reason}; discard this instance")
-
-
-class ChainBrokenError(ResourceError):
-    """A resource's journaled hash chain does not verify: a mutation was altered, dropped or reordered."""
-
-    def __init__(self, resource_id: str, revision: int, reason: str) -> None:
-        self.resource_id, self.revision = resource_id, revision
-        super().__init__(f"hash chain of resource {resource_id!r} is broken at revision {revision}: {reason}")
-
-
-class RecoveryNotSupportedError(ResourceError):
-    """The resource's recovery mode does not offer this hook (e.g. export of a subprocess)."""
-
-
-class StateImportError(ResourceError):
-    """Exported bytes could not be imported (wrong resource, wrong format, digest mismatch)."""
-
-
-class MalformedRecordError(ResourceError):
-    """A dict could not be turned into a MutationRecord."""
-
-
-class SecretLeakError(ResourceError):
-    """A resource put a raw secret into its result or canonical state (a bug in that resource)."""
-
-
-# ----------------------------------------------------------------- request / record
-
-
-@dataclass(frozen=True)
-class MutationRequest:
-    """What a rollout sends with every mutation; built by the agent for each call."""
-
-    rollout_id: str
-    attempt: int
-    epoch: int
-    idempotency_key: str
-    expected_revision: int
-
-
-@dataclass(frozen=True)
-class MutationRecord:
-    """What the journal stores for one applied mutation (args redacted, JSON-clean).
-
-    Treat it as immutable: the same object is handed back for a replayed key.
-    """
-
-    resource_id: str
-    kind: str
-    op: str
-    args: dict
-    idempotency_key: str
-    prev_revision: int
-    revision: int
-    result: dict
-    state_digest: str
-    chain_hash: str
-    rollout_id: str
-    attempt: int
-    epoch: int
-
-    def chain_payload(self) -> dict[str, Any]:
-        """The record minus its chain hash: what the chain link hashes."""
-        payload = asdict(self)
-        del payload["chain_hash"]
-        return payload
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> MutationRecord:
-        names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise MalformedRecordError(f"mutation record for {data.get('resource_id')!r} lacks {', '.join(missing)}; was it written by this version?")
-        return cls(**{n: data[n] for n in names})
-
-
-def genesis_hash(resource_id: str) -> str:
-    """Chain head of a resource with no mutations."""
-    return sha256_hex(resource_id)
-
-
-def link_hash(prev_chain_hash: str, payload: Mapping[str, Any]) -> str:
-    """sha256(prev_chain_hash || canonical_json(mutation minus chain_hash))."""
-    return sha256_hex(prev_chain_hash + canonical_json(payload))
-
-
-def verify_chain(resource_id: str, records: Sequence[MutationRecord]) -> str:
-    """Check a resource's records from revision 1 on; returns the chain head.
-
-    Raises :class:`ChainBrokenError` naming the first revision that does not verify.
-    """
-    head = genesis_hash(resource_id)
-    revision = 0
-    for record in records:
-        if record.resource_id != resource_id:
-            raise ChainBrokenError(resource_id, record.revision, f"record belongs to {record.resource_id!r}")
-        if record.prev_revision != revision or record.revision != revision + 1:
-            raise ChainBrokenError(resource_id, record.revision, f"expected {revision} -> {revision + 1}, found {record.prev_revision} -> {record.revision}")
-        expected = link_hash(head, record.chain_payload())
-        if record.chain_hash != expected:
-            raise ChainBrokenError(resource_id, record.revision, "chain hash does not match the record's contents and its predecessor")
-        head, revision = expected, record.revision
-    return head
 
 
 @dataclass(frozen=True)
@@ -353,9 +110,6 @@ def _preview(data: bytes) -> str:
     """The first bytes of a payload that is not what it claims, for the error message."""
     head = data[:40].decode("utf-8", errors="replace")
     return f"starts {head!r}" + ("..." if len(data) > 40 else "")
-
-
-# ----------------------------------------------------------------- the base class
 
 
 class Resource(ABC):
@@ -513,6 +267,12 @@ class Resource(ABC):
             raise StateImportError(f"export of resource {self.resource_id!r} is at revision {export.revision}, "
                                    f"the resource at {self._revision}: a stale or foreign copy")
 
+    def exported_head(self, data: bytes) -> tuple[int, str]:
+        """``(revision, chain hash)`` an export of this resource holds (``StateImportError`` if it is
+        none): what a resource server compares with its own head before deciding to import."""
+        export = self._read_export(data)
+        return export.revision, export.chain_hash
+
     def import_state(self, data: bytes) -> None:
         """Replace this resource's state with bytes from :meth:`export_state` of the same resource."""
         if not self.supports_export:
@@ -613,7 +373,7 @@ class Resource(ABC):
         self._applied[record.idempotency_key] = record
 
     def _check_no_leak(self, op: str, live_args: dict, result: dict) -> None:
-        secrets = [s for s in _secret_values(live_args, self.secret_arg_names) if len(s) >= _MIN_LEAK_CHECK_LEN]
+        secrets = [s for s in secret_values(live_args, self.secret_arg_names) if len(s) >= MIN_LEAK_CHECK_LEN]
         if not secrets:
             return
         exposed = canonical_json(result) + canonical_json(self._canonical_state())

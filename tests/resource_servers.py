@@ -1,0 +1,121 @@
+"""Resource servers as real subprocesses for the tests: started with the CLI, SIGKILLed, restarted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "test-token-7f3a9c1e5b2d"  # what these tests' servers and workers share
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """``rollout-journal serve-resources`` in a child process, on a fixed port so a restart takes it back."""
+
+    def __init__(self, environment: str, *, port: int | None = None, faults: bool = False,
+                 pythonpath: list[Path] | None = None) -> None:
+        self.environment = environment
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.faults = faults
+        self.pythonpath = [ROOT, *(pythonpath or [])]
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.kills = 0
+        self.log = tempfile.NamedTemporaryFile(prefix=f"resource-server-{self.port}-", suffix=".log")  # its stderr
+
+    def start(self) -> ServerProcess:
+        command = [sys.executable, "-m", "replay.cli", "serve-resources", "--environment", self.environment,
+                   "--port", str(self.port), *(["--fault-injection"] if self.faults else [])]
+        env = os.environ | {"ROLLOUT_JOURNAL_RESOURCE_TOKEN": TOKEN,
+                            "PYTHONPATH": os.pathsep.join(str(p) for p in self.pythonpath)}
+        # stderr to a file: a pipe nobody reads would block a server that logs much
+        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().decode()  # "serving ENV at URL" once it listens
+        if not line.startswith("serving"):
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(f"resource server for {self.environment} did not start: {line}{self.output()[-2000:]}")
+        return self
+
+    def output(self) -> str:
+        """Everything it wrote to stderr, every life of it."""
+        return Path(self.log.name).read_text(errors="replace")
+
+    def kill(self) -> None:
+        """SIGKILL: no goodbye, every session gone."""
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(30)
+        self.kills += 1
+
+    def restart(self) -> None:
+        self.start()
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+    def stats(self) -> dict:
+        return httpx.get(f"{self.url}/v1/stats", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+
+    def post(self, path: str, body: dict, token: str | None = TOKEN) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        return httpx.post(f"{self.url}{path}", json=body, headers=headers, timeout=10)
+
+
+@contextmanager
+def resource_servers(*environments: str, faults: bool = False,
+                     pythonpath: list[Path] | None = None) -> Iterator[dict[str, ServerProcess]]:
+    """One server per environment kind, stopped (never left running) at the end."""
+    servers = {name: ServerProcess(name, faults=faults, pythonpath=pythonpath) for name in environments}
+    try:
+        for server in servers.values():
+            server.start()
+        yield servers
+    finally:
+        for server in servers.values():
+            server.stop()
+
+
+@contextmanager
+def token_in_environment() -> Iterator[None]:
+    previous = os.environ.get("ROLLOUT_JOURNAL_RESOURCE_TOKEN")
+    os.environ["ROLLOUT_JOURNAL_RESOURCE_TOKEN"] = TOKEN
+    try:
+        yield
+    finally:
+        if previous is None:
+            del os.environ["ROLLOUT_JOURNAL_RESOURCE_TOKEN"]
+        else:
+            os.environ["ROLLOUT_JOURNAL_RESOURCE_TOKEN"] = previous
+
+
+def wait_until(predicate, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
