@@ -129,6 +129,7 @@ class RolloutProgress:
     topology: str = ""  # fingerprint of the config its newest attempt runs with ("" unknown)
     failure: str | None = None  # its newest attempt stopped on an infrastructure failure (why); not a result
     progress_tokens: int = 0  # tokens journaled as progress of calls still generating (ModelCallProgress)
+    calls_this_turn: int = 0  # model calls journaled in the turn under way (made durable before its tool call)
 
     def apply(self, event: RolloutEvent) -> None:
         """Advance by one committed (or just built) event of this rollout, in seq order."""
@@ -162,18 +163,21 @@ class RolloutProgress:
 
     def starts_over(self, event: AttemptStarted) -> bool:
         """Whether ``event`` begins the conversation again from turn 0 (the restart decision's record)."""
-        return event.resumed_from_turn == 0 and (self.next_turn > 0 or self.model_calls > 0)
+        return event.resumed_from_turn == 0 and (self.next_turn > 0 or self.model_calls > self.calls_this_turn)
 
     # -- one rule per event type; subclasses extend them ------------------------------
     def _on_attempt(self, event: AttemptStarted) -> None:
         if self.starts_over(event):
             self.restarts += 1
             self.next_turn, self.finished, self.reward, self.output_tokens = 0, False, None, 0
+            self.calls_this_turn = 0
         self.attempt, self.epoch = event.header.attempt, event.header.epoch
         self.topology, self.failure = event.topology, None  # a new attempt: the failure was the old one's
 
     def _on_model_call(self, event: ModelCall) -> None:
         self.model_calls += 1
+        if event.header.turn == self.next_turn:
+            self.calls_this_turn += 1
         self.output_tokens += len(event.output_ids)
         if event.policy_version not in self.policy_versions:
             self.policy_versions.append(event.policy_version)
@@ -185,7 +189,7 @@ class RolloutProgress:
         self.mutation_count += 1
 
     def _on_turn(self, event: TurnCompleted) -> None:
-        self.next_turn = event.header.turn + 1
+        self.next_turn, self.calls_this_turn = event.header.turn + 1, 0
         if event.reward is not None:
             self.reward = event.reward
 
