@@ -88,6 +88,11 @@ class VllmEngine:
         from vllm.platforms import current_platform
 
         self.on_cpu = bool(current_platform.is_cpu())
+        import torch
+
+        # vLLM's CPU attention checks that it runs with the thread count it was built with;
+        # torch's count is process-wide, and another backend may change it later.
+        self._threads = torch.get_num_threads()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._ids = itertools.count()
@@ -141,6 +146,10 @@ class VllmEngine:
                         self.engine.abort_request([arg])
             if not self.engine.has_unfinished_requests():
                 continue
+            import torch
+
+            if torch.get_num_threads() != self._threads:
+                torch.set_num_threads(self._threads)
             try:
                 outputs = self.engine.step()
             except Exception as exc:  # the engine is broken: every waiting call fails, none hangs
