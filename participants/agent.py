@@ -1,9 +1,13 @@
 """The agent: one rollout's multi-turn loop.
 
-A turn = one constrained model call choosing a tool call, the tool call on the
-environment's resources, then ``TurnCompleted``; all of it (plus the rollout's
-snapshot when one is due, and ``RolloutFinished`` on the last turn) is appended
-to the journal atomically.
+A turn = (optionally) a free-form reasoning call, one constrained model call
+choosing a tool call, the tool call on the environment's resources, then
+``TurnCompleted``; all of it (plus the rollout's snapshot when one is due, and
+``RolloutFinished`` on the last turn) is appended to the journal atomically.
+Two things are journaled earlier, on their own: the progress of a long free-form
+call (``ModelCallProgress`` every ``progress_every_tokens``), and, with a backend
+that is not bit-deterministic, each model call before its tool call (see
+``Agent.model_call``), so that a redone turn replays the call the resources saw.
 
 Commits are pipelined: with ``turns_in_flight=2`` (the default) turn t+1
 generates and is appended while turn t commits, and turn t+2 starts only once
@@ -38,6 +42,7 @@ from journal.events import (
     ChainHead,
     Header,
     Message,
+    ModelCallProgress,
     ResourceMutation,
     RolloutEvent,
     RolloutFailed,
@@ -51,7 +56,7 @@ from journal.snapshots import SnapshotDraft
 from .config import WorkloadConfig
 from .constraints import ActionTrie
 from .environments.base import SUBMIT, Environment, Observation, StepContext
-from .model import ModelParticipant
+from .model import ModelCallResult, ModelParticipant
 from .resource_protocol import ResourceSessionLostError
 from .resources import (
     MutationRecord,
@@ -120,8 +125,10 @@ async def durable(future: Future) -> object:
     return future.result()
 
 
-def turn_seed(workload_seed: int, rollout_id: str, turn: int) -> int:
-    digest = hashlib.sha256(f"{workload_seed}/{rollout_id}/{turn}".encode()).digest()
+def turn_seed(workload_seed: int, rollout_id: str, turn: int, call_index: int = 0) -> int:
+    """The sampling seed of a turn's call: never the attempt's, so a redone turn samples what the lost one did."""
+    name = f"{workload_seed}/{rollout_id}/{turn}" + (f"/c{call_index}" if call_index else "")
+    digest = hashlib.sha256(name.encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
@@ -183,7 +190,9 @@ class LiveRollout:
     tokens_run_here: int = 0
     at_boundary: asyncio.Event = field(default_factory=asyncio.Event)  # set between turns: safe to checkpoint
     exports: dict[str, tuple[tuple[int, int], bytes]] = field(default_factory=dict)  # resource -> (version, bytes)
-    in_flight: deque[tuple[Future, int]] = field(default_factory=deque)  # (commit, turn) not yet known durable
+    # (commit, turn) not yet known durable; turn None: an append inside a turn (a call's progress,
+    # a call made durable before its tool call)
+    in_flight: deque[tuple[Future, int | None]] = field(default_factory=deque)
     acknowledged: asyncio.Event = field(default_factory=asyncio.Event)  # the trainer took its result
     resource_restores: int = 0  # times its resources were brought back on a restarted resource server
 
@@ -208,14 +217,21 @@ class Agent:
         self._tries: dict[tuple[str, ...], ActionTrie] = {}
         self.turn_boundary = asyncio.Event()  # cleared by a coordinated checkpoint to park agents
         self.turn_boundary.set()
+        # A call made durable before its tool call is replayed by a redone turn, never sampled again:
+        # on a server that is not bit-deterministic, sampling again could pick another action under
+        # the same idempotency keys, which a resource that remembers them refuses.
+        mode = config.durable_model_calls
+        self.durable_calls = sink.journals and (mode == "always" or (mode == "auto" and not model.backend.deterministic))
 
     # -- conversation --------------------------------------------------------
     def initial_messages(self, env: Environment) -> list[Message]:
         return [Message("system", SYSTEM_PROMPT), Message("user", env.task_prompt())]
 
-    def prompt_of(self, state: RolloutState) -> np.ndarray:
-        conversation = self.tokenizer.render_conversation((m.role, m.content) for m in state.messages)
-        return np.concatenate([conversation, self.tokenizer.generation_prompt("assistant")]).astype(np.int32)
+    def prompt_of(self, state: RolloutState, extra: list[Message] | None = None) -> np.ndarray:
+        """The conversation (and ``extra`` messages of the turn under way) rendered with the
+        model's own chat template, ending in its generation prompt."""
+        messages = [*state.messages, *(extra or [])]
+        return self.tokenizer.chat_prompt((m.role, m.content) for m in messages)
 
     def _trie(self, actions: list[str]) -> ActionTrie:
         key = tuple(actions)
@@ -315,6 +331,61 @@ class Agent:
         self._applied(state, RolloutFailed(state.header(self.writer), type(exc).__name__, reason), unsent)
         await self.commit(unsent)
 
+    # -- the model calls of a turn ------------------------------------------------------
+    async def model_call(self, live: LiveRollout, events: list[RolloutEvent], prompt: np.ndarray,
+                         params: SamplingParams, constraint: ActionTrie | None, call_index: int) -> ModelCallResult:
+        """The turn's call at ``call_index``, applied to the state and collected in ``events``.
+
+        Its progress (a free-form call) is journaled every ``progress_every_tokens`` as it
+        streams. With ``durable_calls``, the call is made durable (with the turn's events so
+        far) before it returns, i.e. before its tool call. A call the journal already holds
+        for this turn is replayed from it: nothing is generated, nothing journaled again."""
+        state = live.state
+        rollout_id, turn = live.spec.rollout_id, state.next_turn
+
+        def progress(event: ModelCallProgress) -> None:
+            state.apply(event)
+            live.in_flight.append((self.sink.submit([event], None), None))
+
+        journals_progress = self.sink.journals and self.config.progress_every_tokens > 0
+        call = await self.model.call(state, prompt, params, constraint,
+                                     f"{rollout_id}/a{state.attempt}/t{turn}/c{call_index}", writer=self.writer,
+                                     call_index=call_index, on_progress=progress if journals_progress else None,
+                                     progress_every=self.config.progress_every_tokens)
+        if call.replayed:
+            return call
+        self._applied(state, call.event, events)
+        live.tokens_run_here += call.new_tokens
+        if self.durable_calls:
+            live.in_flight.append((self.sink.submit(list(events), None), None))
+            events.clear()  # handed to the journal
+            await self._durable(live, keep=0)
+        return call
+
+    async def reasoning(self, live: LiveRollout, events: list[RolloutEvent]) -> tuple[list[Message], list[str]]:
+        """The turn's free-form reasoning segment (``model.reasoning_tokens``), as the messages
+        it adds to the conversation and the call ids; none when the workload has no segment."""
+        model = self.config.model
+        if not model.reasoning_tokens:
+            return [], []
+        state = live.state
+        seed, seed_rollout = live.spec.turn_seed_source(self.config.seed)
+        params = SamplingParams(model.temperature, model.top_p, model.reasoning_tokens,
+                                turn_seed(seed, seed_rollout, state.next_turn, 1))
+        call = await self.model_call(live, events, self.prompt_of(state), params, None, 0)
+        return [Message("assistant", self.tokenizer.decode(call.generation.output_ids))], [call.event.call_id]
+
+    async def choose_action(self, live: LiveRollout, events: list[RolloutEvent], thoughts: list[Message],
+                            actions: list[str]) -> tuple[str, ModelCallResult]:
+        """The constrained call that picks one of ``actions`` (after the turn's ``thoughts``)."""
+        state, model = live.state, self.config.model
+        trie = self.constraint_for(actions)
+        seed, seed_rollout = live.spec.turn_seed_source(self.config.seed)
+        params = SamplingParams(model.temperature, model.top_p, model.max_tokens,
+                                turn_seed(seed, seed_rollout, state.next_turn))
+        call = await self.model_call(live, events, self.prompt_of(state, thoughts), params, trie, len(thoughts))
+        return self.action_of(trie, call.generation.output_ids), call
+
     # -- the tool-call half of a turn: what the model chose, and running it on the resources ------
     def constraint_for(self, actions: list[str]) -> ActionTrie | None:
         """The decoding constraint of a turn: the trie of the actions valid now, or None when the
@@ -388,18 +459,13 @@ class Agent:
 
     async def _turn(self, live: LiveRollout, events: list[RolloutEvent]) -> None:
         state, env = live.state, live.env
-        rollout_id, turn = live.spec.rollout_id, state.next_turn
+        turn = state.next_turn
         actions = env.action_space()
         if not self.config.allow_early_submit and turn + 1 < self.config.max_turns and len(actions) > 1:
             actions = [a for a in actions if a != SUBMIT]
-        trie = self.constraint_for(actions)
-        seed, seed_rollout = live.spec.turn_seed_source(self.config.seed)
-        params = SamplingParams(self.config.model.temperature, self.config.model.top_p,
-                                self.config.model.max_tokens, turn_seed(seed, seed_rollout, turn))
-        call = await self.model.call(state, self.prompt_of(state), params, trie,
-                                     f"{rollout_id}/a{state.attempt}/t{turn}/c0", writer=self.writer)
-        self._applied(state, call.event, events)
-        action = self.action_of(trie, call.generation.output_ids)
+        thoughts, call_ids = await self.reasoning(live, events)
+        action, call = await self.choose_action(live, events, thoughts, actions)
+        call_ids.append(call.event.call_id)
         observation, records = await self.run_tool_call(live, action)
         if self.config.turn_delay_ms:
             await asyncio.sleep(self.config.turn_delay_ms / 1000.0)
@@ -407,17 +473,16 @@ class Agent:
             self._applied(state, mutation_event(state.header(self.writer), record), events)
         if records and self.signer is not None:  # anchored in the same append as the mutations it covers
             self._applied(state, self.head_checkpoint(live, turn), events)
-        messages = [Message("assistant", action), Message("tool", observation.text)]
+        messages = [*thoughts, Message("assistant", action), Message("tool", observation.text)]
         last = observation.done or turn + 1 >= self.config.max_turns
         reward = await self._with_resources(live, env.averify) if last else None
-        self._applied(state, TurnCompleted(state.header(self.writer), messages, [call.event.call_id],
+        self._applied(state, TurnCompleted(state.header(self.writer), messages, call_ids,
                                            env.revisions(), reward, [action]), events)
         if last:
             outcome = outcome_of(state, env)
             self._applied(state, RolloutFinished(state.header(self.writer), reward, state.next_turn,
                                                  json.dumps(outcome)), events)
         live.turns_run_here += 1
-        live.tokens_run_here += len(call.generation.output_ids)
         live.turns_since_snapshot += 1
         live.bytes_since_snapshot += int(call.prompt.nbytes) + int(call.generation.output_ids.nbytes) * 2
         snapshot = None
@@ -441,7 +506,8 @@ class Agent:
             future, turn = live.in_flight[0]
             await durable(future)
             live.in_flight.popleft()
-            self.on_durable(live.spec.rollout_id, turn)
+            if turn is not None:
+                self.on_durable(live.spec.rollout_id, turn)
 
     async def settle(self, live: LiveRollout) -> None:
         """Wait until the rollout's last appended turn is durable."""

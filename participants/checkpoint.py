@@ -4,7 +4,9 @@ The event-sourced path never pauses anything: a snapshot rides along with a
 turn's commit. When a resource's state can only be exported (a remote server,
 an opaque store), a consistent cut needs a pause:
 
-1. close model admission (new calls wait; admitted calls finish);
+1. close model admission (new calls wait; admitted calls finish, and any still
+   running after ``prepare_timeout_s`` is aborted: it leaves the gate at once
+   and continues from the tokens it had once admission reopens);
 2. park every agent at a turn boundary, each within ``prepare_timeout_s`` -
    a rollout that does not get there in time is skipped this round, it does
    not fail the checkpoint;
@@ -57,6 +59,7 @@ class CheckpointReport:
     included: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # rollout -> why
     retries: int = 0
+    aborted_calls: int = 0  # model calls aborted because they were still running after the prepare timeout
 
 
 class CoordinatedCheckpointer:
@@ -76,10 +79,12 @@ class CoordinatedCheckpointer:
         self.model.gate.close()
         self.agent.turn_boundary.clear()
         try:
-            try:  # admitted calls finish; a hung one must not hold every rollout
+            try:  # admitted calls finish; a slow or hung one must not hold every rollout
                 await asyncio.wait_for(self.model.gate.drained(), self.prepare_timeout_s)
             except TimeoutError:
-                log.warning("model calls still in flight after %.1fs; their rollouts are skipped this round",
+                report.aborted_calls = self.model.gate.abort_in_flight()
+                log.warning("%d model calls still in flight after %.1fs were aborted (they continue after the "
+                            "checkpoint); their rollouts are skipped this round", report.aborted_calls,
                             self.prepare_timeout_s)
             # An acknowledged rollout left the snapshot stream: a new snapshot would bring it back.
             # A failed one stopped mid-turn: its resources may hold what the journal does not.

@@ -31,22 +31,83 @@ from journal.snapshots import LEGACY_WORKLOAD_PREFIX
 
 
 class ModelConfig(BaseModel):
+    """The policy and where it runs. Every backend loads a model folder in the standard
+    Hugging Face layout (``path``; by default the embedded tiny Llama built for
+    ``weights_seed``) and builds prompts with that folder's chat template."""
+
     model_config = ConfigDict(extra="forbid")
 
-    backend: Literal["torch"] = "torch"
-    weights_seed: int = 0
+    backend: Literal["torch", "vllm", "openai"] = Field(
+        "torch", description="torch: transformers on CPU in this process; vllm: vLLM's engine in this process; "
+                             "openai: any OpenAI-compatible server (vLLM's api_server) at `url`")
+    path: str | None = Field(None, description="a Hugging Face model folder (config.json, weights, tokenizer.json, "
+                                               "chat template); unset: the embedded tiny Llama")
+    weights_seed: int = Field(0, description="seed of the embedded model's weights (ignored with `path`)")
+    url: str | None = Field(None, description="openai backend: the server's base URL, e.g. http://127.0.0.1:8000/v1")
+    served_model: str | None = Field(None, description="openai backend: the model name the server serves "
+                                                       "(unset: the first one /v1/models lists)")
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int = Field(48, ge=1)
+    reasoning_tokens: int = Field(0, ge=0, description="each turn first generates a free-form reasoning segment of "
+                                                       "up to this many tokens, then the tool call (0: no segment)")
     max_concurrent_calls: int = Field(8, ge=1, description="admission gate: model calls in flight at once")
-    torch_threads: int = Field(1, ge=1, description="intra-op threads for the torch policy: the tiny model is "
+    torch_threads: int = Field(1, ge=1, description="intra-op threads for the torch backend: the tiny model is "
                                                    "latency-bound, one thread leaves the other cores to the journal")
+    dtype: str = Field("float32", description="vllm backend: the weights' dtype (float32 on CPU: bit-exact with "
+                                              "the torch backend's arithmetic; auto/bfloat16 on a GPU)")
+    max_model_len: int = Field(2048, ge=16, description="vllm backend: the engine's context length")
+    kv_cache_gib: float = Field(1.0, gt=0.0, description="vllm backend on CPU: KV cache size (VLLM_CPU_KVCACHE_SPACE)")
+    request_timeout_s: float = Field(300.0, gt=0.0, description="openai backend: one request's time limit")
+
+    def model_dir(self) -> Path:
+        """The model folder every backend loads (the embedded model is built on first use)."""
+        if self.path is not None:
+            return Path(self.path).expanduser()
+        from .tiny_model import tiny_model_dir
+
+        return tiny_model_dir(self.weights_seed)
+
+    @field_validator("path")
+    @classmethod
+    def _model_folder_exists(cls, value: str | None) -> str | None:
+        if value is not None and not (Path(value).expanduser() / "config.json").is_file():
+            raise ValueError(f"model folder {value!r} has no config.json; point model.path at a Hugging Face "
+                             "model folder (config.json, weights, tokenizer.json, a chat template)")
+        return value
+
+    @model_validator(mode="after")
+    def _backend_settings(self) -> "ModelConfig":
+        if self.backend == "openai" and not self.url:
+            raise ValueError("model.backend openai needs model.url (the server's base URL, e.g. "
+                             "http://127.0.0.1:8000/v1)")
+        return self
 
 
 TOPOLOGY_FIELDS = frozenset({"environment", "seed", "model", "max_turns"})
 # Settings that change what a rollout does, fingerprinted only when not at their default
 # (so the journals written before they existed keep their fingerprint): setting -> default.
 _OPTIONAL_TOPOLOGY: dict[str, object] = {"tasks": None, "constrained_actions": True}
+# Model settings that say where and how fast the policy runs, not what it samples.
+DEPLOYMENT_FIELDS = frozenset({"url", "served_model", "max_concurrent_calls", "torch_threads", "max_model_len",
+                               "kv_cache_gib", "request_timeout_s"})
+EMBEDDED_MODEL = "tiny-llama-v1"  # the embedded model's identity (participants.tiny_model.BUILDER_VERSION)
+
+
+def topology_settings(dump: dict) -> dict:
+    """The settings of a config dump that determine a rollout's behaviour: the topology
+    fields, without the model's deployment settings, naming the embedded model when no
+    ``model.path`` is given (a resume after the embedded model changed is a topology change)."""
+    out = {k: v for k, v in dump.items() if k in TOPOLOGY_FIELDS}
+    model = out.get("model")
+    if isinstance(model, dict):
+        model = {k: v for k, v in model.items() if k not in DEPLOYMENT_FIELDS}
+        if model.get("path") is None:
+            model["embedded"] = EMBEDDED_MODEL
+        out["model"] = model
+    return out
+
+
 
 
 class TopologyChangedError(ConfigurationError):
@@ -131,6 +192,13 @@ class WorkloadConfig(BaseModel):
     coordinated_every_s: float = Field(1.0, gt=0.0)
     prepare_timeout_s: float = Field(2.0, gt=0.0, description="coordinated mode: skip a rollout not parked in time")
     allow_early_submit: bool = Field(True, description="let the model end a rollout before max_turns with submit()")
+    progress_every_tokens: int = Field(32, ge=0, description="journal a free-form model call's progress every this "
+                                       "many tokens, so a crash in the middle of a long generation continues it "
+                                       "from there (0: off)")
+    durable_model_calls: Literal["auto", "always", "never"] = Field(
+        "auto", description="journal each model call before its tool call, so a redone turn replays the journaled "
+                            "call instead of sampling another action under the same idempotency keys; auto: when the "
+                            "backend is not bit-deterministic (a remote server)")
     # -- your own environments and tasks, and where resources run --------------------------------
     tasks: str | None = Field(None, description="a JSONL dataset of tasks ({\"prompt\": ..., \"task\": {...}} per "
                                                 "line); group g takes row g mod N. Unset: tasks drawn from the seed")
@@ -240,7 +308,7 @@ class WorkloadConfig(BaseModel):
 
     def topology(self) -> str:
         """Fingerprint of what determines a rollout's behaviour (not where it is journaled)."""
-        fields = self.model_dump(include=set(TOPOLOGY_FIELDS))
+        fields = topology_settings(self.model_dump(include=set(TOPOLOGY_FIELDS)))
         # Newer settings join the fingerprint only when set, so journals written before them resume.
         if self.tasks is not None:
             from .environments.tasks import tasks_digest
@@ -260,7 +328,7 @@ class WorkloadConfig(BaseModel):
         if not isinstance(recorded, dict):
             return []
         def behaviour(settings: dict) -> dict:  # the newer settings count only when set, as in topology()
-            kept = {k: v for k, v in settings.items() if k in TOPOLOGY_FIELDS}
+            kept = topology_settings(settings)
             kept.update({k: settings[k] for k, default in _OPTIONAL_TOPOLOGY.items()
                          if k in settings and settings[k] != default})
             return _flatten(kept)

@@ -92,6 +92,11 @@ class ActionTrie:
         return len(self._actions)
 
     @property
+    def choices(self) -> list[str] | None:
+        """The action strings (for a server's structured outputs), if built ``from_strings``."""
+        return list(self._labels) if self._labels is not None else None
+
+    @property
     def actions(self) -> list[np.ndarray]:
         """The distinct actions' token ids, in first-seen order (without EOS)."""
         return list(self._actions)

@@ -20,6 +20,7 @@ A snapshot's bytes are a ``RolloutState`` serialised (:meth:`RolloutState.to_byt
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -35,6 +36,8 @@ from journal.events import (
     Header,
     Message,
     ModelCall,
+    ModelCallProgress,
+    OutputSegment,
     ResourceMutation,
     RolloutAcknowledged,
     RolloutEvent,
@@ -97,6 +100,27 @@ def mutation_record(event: ResourceMutation) -> MutationRecord:
     )
 
 
+def prompt_digest(prompt: np.ndarray) -> str:
+    """What a ``ModelCallProgress`` names a call's prompt by."""
+    return hashlib.sha256(np.ascontiguousarray(prompt, dtype="<i4").tobytes()).hexdigest()
+
+
+@dataclass
+class PartialCall:
+    """A model call the journal holds progress of, not yet finished: what a later attempt
+    continues from (the prompt it must have, the tokens so far, who generated them)."""
+
+    turn: int
+    call_index: int
+    prompt_sha256: str
+    output_ids: np.ndarray
+    logprobs: np.ndarray
+    segments: list[OutputSegment]
+
+    def matches(self, turn: int, call_index: int, prompt_sha256: str) -> bool:
+        return (self.turn, self.call_index, self.prompt_sha256) == (turn, call_index, prompt_sha256)
+
+
 @dataclass
 class RolloutProgress:
     """Where a rollout stands; bounded in size whatever its length."""
@@ -117,6 +141,8 @@ class RolloutProgress:
     policy_versions: list[str] = field(default_factory=list)  # in order of first use
     topology: str = ""  # fingerprint of the config its newest attempt runs with ("" unknown)
     failure: str | None = None  # its newest attempt stopped on an infrastructure failure (why); not a result
+    progress_tokens: int = 0  # tokens journaled as progress of calls still generating (ModelCallProgress)
+    calls_this_turn: int = 0  # model calls journaled in the turn under way (made durable before its tool call)
 
     def apply(self, event: RolloutEvent) -> None:
         """Advance by one committed (or just built) event of this rollout, in seq order."""
@@ -132,6 +158,8 @@ class RolloutProgress:
             self._on_attempt(event)
         elif isinstance(event, ModelCall):
             self._on_model_call(event)
+        elif isinstance(event, ModelCallProgress):
+            self._on_call_progress(event)
         elif isinstance(event, ResourceMutation):
             self._on_mutation(event)
         elif isinstance(event, TurnCompleted):
@@ -148,27 +176,33 @@ class RolloutProgress:
 
     def starts_over(self, event: AttemptStarted) -> bool:
         """Whether ``event`` begins the conversation again from turn 0 (the restart decision's record)."""
-        return event.resumed_from_turn == 0 and (self.next_turn > 0 or self.model_calls > 0)
+        return event.resumed_from_turn == 0 and (self.next_turn > 0 or self.model_calls > self.calls_this_turn)
 
     # -- one rule per event type; subclasses extend them ------------------------------
     def _on_attempt(self, event: AttemptStarted) -> None:
         if self.starts_over(event):
             self.restarts += 1
             self.next_turn, self.finished, self.reward, self.output_tokens = 0, False, None, 0
+            self.calls_this_turn = 0
         self.attempt, self.epoch = event.header.attempt, event.header.epoch
         self.topology, self.failure = event.topology, None  # a new attempt: the failure was the old one's
 
     def _on_model_call(self, event: ModelCall) -> None:
         self.model_calls += 1
+        if event.header.turn == self.next_turn:
+            self.calls_this_turn += 1
         self.output_tokens += len(event.output_ids)
         if event.policy_version not in self.policy_versions:
             self.policy_versions.append(event.policy_version)
+
+    def _on_call_progress(self, event: ModelCallProgress) -> None:
+        self.progress_tokens += len(event.output_ids)
 
     def _on_mutation(self, event: ResourceMutation) -> None:
         self.mutation_count += 1
 
     def _on_turn(self, event: TurnCompleted) -> None:
-        self.next_turn = event.header.turn + 1
+        self.next_turn, self.calls_this_turn = event.header.turn + 1, 0
         if event.reward is not None:
             self.reward = event.reward
 
@@ -197,9 +231,28 @@ class RolloutState(RolloutProgress):
     outcome: dict | None = None  # what the finished rollout produced (see agent.outcome_of)
     resource_states: dict[str, bytes] = field(default_factory=dict)  # exports at the last snapshot, per resource
     mutations_since_export: list[MutationRecord] = field(default_factory=list)  # to re-apply over those exports
+    # The turn under way (not yet completed): its calls journaled so far, in order (a call made
+    # durable before its tool call), and a call of it still generating whose progress is journaled.
+    # Both are empty at every turn boundary, where snapshots are taken.
+    turn_calls: list[ModelCall] = field(default_factory=list)
+    partial: PartialCall | None = None
+
+    def journaled_call(self, call_index: int) -> ModelCall | None:
+        """The call at ``call_index`` of the turn under way, if the journal holds it: a redone
+        turn replays it instead of calling the model again."""
+        return self.turn_calls[call_index] if call_index < len(self.turn_calls) else None
+
+    def partial_call(self, call_index: int, prompt: np.ndarray) -> PartialCall | None:
+        """The journaled progress of the call at ``call_index`` of the turn under way, if it was
+        made with this very prompt."""
+        partial = self.partial
+        if partial is None or not partial.matches(self.next_turn, call_index, prompt_digest(prompt)):
+            return None
+        return partial
 
     def _on_attempt(self, event: AttemptStarted) -> None:
         if self.starts_over(event):
+            self.turn_calls, self.partial = [], None
             self.head_call_id, self.head_tokens = None, np.zeros(0, dtype=np.int32)
             self.actions, self.outcome = [], None
             self.resource_states, self.mutations_since_export = {}, []
@@ -213,6 +266,32 @@ class RolloutState(RolloutProgress):
         self.head_tokens = np.concatenate(
             [self.head_tokens[: event.prefix_len], event.prompt_delta, event.output_ids]).astype(np.int32)
         self.head_call_id = event.call_id
+        if event.header.turn == self.next_turn:
+            self.turn_calls.append(event)
+            if self.partial is not None and self.partial.matches(event.header.turn, len(self.turn_calls) - 1,
+                                                                 self.partial.prompt_sha256):
+                self.partial = None  # the call finished: its ModelCall holds every token
+
+    def _on_call_progress(self, event: ModelCallProgress) -> None:
+        super()._on_call_progress(event)
+        h, partial = event.header, self.partial
+        continues = partial is not None and partial.matches(h.turn, event.call_index, event.prompt_sha256)
+        if event.start == 0 and not continues:
+            partial = self.partial = PartialCall(h.turn, event.call_index, event.prompt_sha256,
+                                                 np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32), [])
+        elif not continues or event.start != len(partial.output_ids):
+            held = len(partial.output_ids) if continues else 0
+            raise StateFoldError(
+                f"rollout {self.rollout_id}: progress of call {event.call_id} starts at token {event.start}, but "
+                f"the journal holds {held} tokens of that call before it; a progress record is missing")
+        assert partial is not None
+        partial.output_ids = np.concatenate([partial.output_ids, event.output_ids]).astype(np.int32)
+        partial.logprobs = np.concatenate([partial.logprobs, event.logprobs]).astype(np.float32)
+        last = partial.segments[-1] if partial.segments else None
+        if last is not None and (last.attempt, last.policy_version) == (h.attempt, event.policy_version):
+            partial.segments[-1] = OutputSegment(last.attempt, last.policy_version, last.tokens + len(event.output_ids))
+        else:
+            partial.segments.append(OutputSegment(h.attempt, event.policy_version, len(event.output_ids)))
 
     def _on_mutation(self, event: ResourceMutation) -> None:
         super()._on_mutation(event)
@@ -220,6 +299,7 @@ class RolloutState(RolloutProgress):
 
     def _on_turn(self, event: TurnCompleted) -> None:
         super()._on_turn(event)
+        self.turn_calls, self.partial = [], None
         self.messages.extend(event.messages)
         self.actions.extend(event.actions)
 

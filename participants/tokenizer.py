@@ -1,16 +1,15 @@
-"""The embedded chat tokenizer: a small byte-level BPE trained offline, in code.
+"""Tokenizers: the embedded model's byte-level BPE, trained offline in code, and
+``ChatTokenizer``, which reads any Hugging Face model folder's tokenizer.
 
-Every process trains it from the same in-code corpus with the same settings and
-gets the same vocabulary and merges (the suite checks this across processes), so
-token ids written to a journal by one worker mean the same thing to the worker
-that restores them. Training takes tens of milliseconds, so there is no disk
-cache to go stale: ``default_tokenizer()`` trains once per process and memoises.
+Training: every process trains the embedded tokenizer from the same in-code corpus
+with the same settings and gets the same vocabulary and merges, so the model folder
+built from it (``participants.tiny_model``) is the same on every machine.
 
-Chat rendering is prefix-stable by construction: a message renders as
-``<|role|> + encode(content) + <eos>`` and a conversation is the concatenation
-of its rendered messages, so appending a message only appends token ids. An
-assistant reply generated after ``generation_prompt()`` and ending in ``<eos>``
-is token-for-token the rendering of that reply as a message.
+``ChatTokenizer`` loads ``tokenizer.json`` with ``tokenizers`` and renders the
+folder's own Jinja chat template (``chat_template.jinja`` or the one inside
+``tokenizer_config.json``), as ``transformers``' ``apply_chat_template`` does,
+without importing ``transformers``: reading a journal needs a tokenizer, not a model.
+Token ids are ``np.int32`` arrays.
 """
 
 from __future__ import annotations
@@ -20,20 +19,34 @@ import hashlib
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-PAD, BOS, EOS = "<pad>", "<bos>", "<eos>"
+from journal.errors import ConfigurationError
+
+PAD, BOS, END = "<|pad|>", "<|bos|>", "<|end|>"
 ROLE_TOKENS: dict[str, str] = {
     "system": "<|system|>",
     "user": "<|user|>",
     "assistant": "<|assistant|>",
     "tool": "<|tool|>",
 }
-# Order fixes the ids: <pad>=0, <bos>=1, <eos>=2, then the role tags.
-SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, EOS, *ROLE_TOKENS.values())
+# Order fixes the ids: <|pad|>=0, <|bos|>=1, <|end|>=2 (the eos: it ends every message), then the role tags.
+SPECIAL_TOKENS: tuple[str, ...] = (PAD, BOS, END, *ROLE_TOKENS.values())
 DEFAULT_VOCAB_SIZE = 512
+
+# A message renders as <|role|> + content + <|end|>; the generation prompt is <|assistant|>.
+# Appending a message only appends token ids (each message is closed by a special token,
+# so BPE never merges across the boundary), and a reply generated after the generation
+# prompt that ends in <|end|> is token for token the rendering of that reply.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|assistant|>' }}{%- endif -%}"
+)
 
 _PROSE = """\
 You are a workplace assistant. You can read and send mail, manage the calendar,
@@ -133,95 +146,118 @@ def _tool_call_lines() -> list[str]:
 DEFAULT_CORPUS: str = "\n".join([_PROSE, _PYTHON, *_tool_call_lines()]) + "\n"
 
 
-class ChatTokenizer:
-    """Byte-level BPE tokenizer with role tags; ids are ``np.int32`` arrays.
+def train_bpe(corpus: str = DEFAULT_CORPUS, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Tokenizer:
+    """Train the embedded byte-level BPE; the same corpus and size give the same JSON."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
+    return tok
 
-    Special tokens appearing literally inside message text are encoded as plain
-    bytes, never as control tokens, so user or tool text cannot forge a role
-    tag or end a message early.
+
+class ModelFolderError(ConfigurationError):
+    """A model folder lacks what a backend needs (a tokenizer, a chat template, a config)."""
+
+
+class ChatTokenizer:
+    """A model folder's tokenizer and chat template; ids are ``np.int32`` arrays.
+
+    ``encode`` treats special-token strings inside text as plain bytes, so an action
+    or a tool's output cannot forge a role tag. ``chat_prompt`` renders messages with
+    the folder's chat template and tokenizes the text as the model's server does
+    (special tokens recognised), so its ids equal what vLLM's chat endpoint builds.
     """
 
-    def __init__(self, tokenizer_json: str) -> None:
-        self._json = tokenizer_json
-        self._tok = Tokenizer.from_str(tokenizer_json)
-        self._tok.encode_special_tokens = True
-        ids = {name: self._tok.token_to_id(name) for name in SPECIAL_TOKENS}
-        missing = [name for name, i in ids.items() if i is None]
-        if missing:
-            raise ValueError(f"tokenizer JSON lacks special tokens {missing}; build it with ChatTokenizer.train")
-        self.pad_id: int = ids[PAD]
-        self.bos_id: int = ids[BOS]
-        self.eos_id: int = ids[EOS]
-        self.role_ids: dict[str, int] = {role: ids[tag] for role, tag in ROLE_TOKENS.items()}
+    def __init__(self, tokenizer_json: str, config: dict[str, Any], chat_template: str, source: str = "") -> None:
+        self.source = source
+        self._tok = Tokenizer.from_str(tokenizer_json)  # chat text: special tokens recognised
+        self._plain = Tokenizer.from_str(tokenizer_json)  # plain text: special-token strings stay bytes
+        self._plain.encode_special_tokens = True
+        self._config = config
+        self.chat_template = chat_template
+        self.eos_token = _token_text(config.get("eos_token"))
+        self.bos_token = _token_text(config.get("bos_token"))
+        if self.eos_token is None or self._tok.token_to_id(self.eos_token) is None:
+            raise ModelFolderError(f"tokenizer of {source or 'the model'} names no eos token it knows "
+                                   f"({self.eos_token!r}); set eos_token in tokenizer_config.json")
+        self.eos_id: int = self._tok.token_to_id(self.eos_token)
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
-        self.fingerprint: str = hashlib.sha256(tokenizer_json.encode("utf-8")).hexdigest()
+        digest = hashlib.sha256(tokenizer_json.encode("utf-8"))
+        digest.update(chat_template.encode("utf-8"))
+        self.fingerprint: str = digest.hexdigest()
+        self._template = _compile_template(chat_template)
 
     @classmethod
-    def train(cls, corpus: str = DEFAULT_CORPUS, vocab_size: int = DEFAULT_VOCAB_SIZE) -> ChatTokenizer:
-        """Train a fresh tokenizer; the same corpus and size give the same JSON."""
-        tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=2,
-            special_tokens=list(SPECIAL_TOKENS),
-            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-            show_progress=False,
-        )
-        tok.train_from_iterator(corpus.splitlines(keepends=True), trainer=trainer)
-        return cls(tok.to_str())
+    def from_folder(cls, folder: str | Path) -> ChatTokenizer:
+        """Read ``tokenizer.json``, ``tokenizer_config.json`` and the chat template of a model folder."""
+        path = Path(folder)
+        tokenizer_file, config_file = path / "tokenizer.json", path / "tokenizer_config.json"
+        if not tokenizer_file.is_file():
+            raise ModelFolderError(f"model folder {path} has no tokenizer.json (a fast tokenizer is needed; "
+                                   "save one with PreTrainedTokenizerFast.save_pretrained)")
+        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        template_file = path / "chat_template.jinja"
+        template = template_file.read_text(encoding="utf-8") if template_file.is_file() else config.get("chat_template")
+        if not isinstance(template, str) or not template:
+            raise ModelFolderError(f"model folder {path} has no chat template (chat_template.jinja, or "
+                                   "chat_template in tokenizer_config.json): prompts are built with it")
+        return cls(tokenizer_file.read_text(encoding="utf-8"), config, template, source=str(path))
 
     def encode(self, text: str) -> np.ndarray:
         """Token ids of plain text (no special tokens added or recognised)."""
-        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
+        return np.asarray(self._plain.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray, skip_special_tokens: bool = True) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
-    def generation_prompt(self, role: str = "assistant") -> np.ndarray:
-        """Ids that open a message for the model to complete (just the role tag)."""
-        return np.asarray([self._role_id(role)], dtype=np.int32)
+    def render_chat(self, messages: Iterable[tuple[str, str]], add_generation_prompt: bool = True) -> str:
+        """The chat template's text for ``(role, content)`` messages."""
+        return self._template.render(
+            messages=[{"role": role, "content": content} for role, content in messages],
+            add_generation_prompt=add_generation_prompt, bos_token=self.bos_token or "",
+            eos_token=self.eos_token)
 
-    def render_message(self, role: str, content: str) -> np.ndarray:
-        """``<|role|> + encode(content) + <eos>``; the eos ends the message."""
-        return np.concatenate(
-            [self.generation_prompt(role), self.encode(content), np.asarray([self.eos_id], dtype=np.int32)]
-        )
+    def chat_prompt(self, messages: Iterable[tuple[str, str]], add_generation_prompt: bool = True) -> np.ndarray:
+        """Ids of the rendered chat (special tokens in the template's text recognised)."""
+        text = self.render_chat(messages, add_generation_prompt)
+        return np.asarray(self._tok.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
-    def render_conversation(self, messages: Iterable[tuple[str, str]]) -> np.ndarray:
-        """Concatenation of ``render_message`` over ``(role, content)`` pairs."""
-        parts = [self.render_message(role, content) for role, content in messages]
-        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
 
-    def to_hf_json(self) -> str:
-        """The ``tokenizer.json`` text that HF ``tokenizers`` / vLLM load as is."""
-        return self._json
+def _token_text(value: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or ``{"content": ...}``."""
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
 
-    def save_hf(self, directory: str | Path, model_max_length: int = 2048) -> Path:
-        """Write ``tokenizer.json`` + ``tokenizer_config.json`` for HF / vLLM loaders."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "tokenizer.json").write_text(self._json, encoding="utf-8")
-        config = {
-            "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": BOS,
-            "eos_token": EOS,
-            "pad_token": PAD,
-            "model_max_length": model_max_length,
-            "additional_special_tokens": list(ROLE_TOKENS.values()),
-        }
-        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
-        return out
 
-    def _role_id(self, role: str) -> int:
-        try:
-            return self.role_ids[role]
-        except KeyError:
-            raise ValueError(f"unknown chat role {role!r}; expected one of {sorted(self.role_ids)}") from None
+def _compile_template(template: str) -> Any:
+    """The template compiled as ``transformers`` compiles chat templates (sandboxed Jinja,
+    ``trim_blocks``/``lstrip_blocks``, ``raise_exception`` and ``tojson`` available)."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise TemplateError(message)
+
+    def tojson(value: object, indent: int | None = None) -> str:
+        return json.dumps(value, indent=indent, ensure_ascii=False)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template)
 
 
 @functools.cache
 def default_tokenizer() -> ChatTokenizer:
-    """The process-wide default tokenizer, trained on first use."""
-    return ChatTokenizer.train()
+    """The embedded model's tokenizer (its folder is built and cached on first use)."""
+    from .tiny_model import tiny_model_dir
+
+    return ChatTokenizer.from_folder(tiny_model_dir())

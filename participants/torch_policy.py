@@ -1,237 +1,188 @@
-"""The embedded default generation backend: a tiny deterministic torch policy.
+"""The embedded generation backend: a Hugging Face causal LM run with torch on CPU.
 
-A two-layer decoder-only transformer on CPU float32 whose weights come from a
-local ``torch.Generator`` seeded with ``weights_seed``: every process builds
-bit-identical weights without touching torch's global RNG or thread settings.
-It is untrained (its outputs are arbitrary but reproducible), which is all a
-rollout-recovery test bed needs: real sampling, real logprobs, real cost.
+It loads a model folder in the standard layout with ``transformers``
+(``AutoModelForCausalLM``: the embedded tiny Llama of ``participants.tiny_model``,
+or a user's own folder) in float32, and decodes token by token with its own
+sampler, which the project needs and ``transformers.generate`` does not give:
+
+* constrained decoding (an action trie masks the logits at every step);
+* seeded sampling that is *seeded per position*: the draw for output position i comes
+  from a generator seeded with ``(seed, i)``, so a call continued from a journaled
+  prefix samples exactly what the uninterrupted call would have;
+* bit-for-bit determinism on CPU: the same request gives the same ids and logprobs in
+  any process, alone or beside other calls.
+
+A continued call rebuilds the key/value cache the way the uninterrupted call built it:
+the prompt in one forward pass, then the prefix one token at a time. A single pass over
+prompt + prefix would be cheaper but differs in the last bits (other matrix shapes;
+measured: 2e-5 in the logits), and a greedy continuation must equal the uninterrupted
+call logprob for logprob. The prefix is read, never sampled again.
+
+Compute runs on a worker thread (``workers``, default one: the model is small and
+latency-bound), so the event loop keeps journaling and serving other rollouts meanwhile.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from participants.constraints import ConstraintViolation, TokenConstraint
-from participants.generation import FINISH_LENGTH, FINISH_STOP, Generation, SamplingParams
-from participants.tokenizer import ChatTokenizer, default_tokenizer
+from participants.generation import (
+    FINISH_LENGTH, FINISH_STOP, Generation, GenerationRequest, SamplingParams, TokenChunk,
+)
+from participants.tiny_model import policy_version_of
+from participants.tokenizer import ChatTokenizer
 
-ARCH_VERSION = "tiny-torch-v1"
-
-
-@dataclass(frozen=True)
-class TinyPolicyConfig:
-    vocab_size: int
-    d_model: int = 64
-    n_heads: int = 4
-    n_layers: int = 2
-    d_mlp: int = 256
-    max_context: int = 2048
-    # Embedding scale: with the tied head this gives logits of std ~1.6, so
-    # next-token distributions are neither uniform nor one-hot.
-    embed_std: float = 0.2
-
-    def __post_init__(self) -> None:
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model {self.d_model} must be divisible by n_heads {self.n_heads}")
+_MASK64 = (1 << 64) - 1
 
 
-class _KVCache:
-    """Per-layer key/value buffers for one sequence, preallocated to its final length."""
-
-    def __init__(self, config: TinyPolicyConfig, length: int) -> None:
-        head_dim = config.d_model // config.n_heads
-        shape = (config.n_layers, config.n_heads, length, head_dim)
-        self.k = torch.empty(shape, dtype=torch.float32)
-        self.v = torch.empty(shape, dtype=torch.float32)
+def position_seed(seed: int, position: int) -> int:
+    """The sampler seed of output position ``position`` of a call seeded ``seed`` (splitmix64)."""
+    z = (seed * 0x9E3779B97F4A7C15 + (position + 1) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (z ^ (z >> 31)) >> 1  # below 2**63: any torch.Generator takes it
 
 
-class _Block(nn.Module):
-    def __init__(self, c: TinyPolicyConfig) -> None:
-        super().__init__()
-        d = c.d_model
-        # torch.empty draws nothing from the global RNG; _init fills every tensor.
-        self.ln1_w, self.ln1_b = nn.Parameter(torch.empty(d)), nn.Parameter(torch.empty(d))
-        self.qkv_w, self.qkv_b = nn.Parameter(torch.empty(3 * d, d)), nn.Parameter(torch.empty(3 * d))
-        self.out_w, self.out_b = nn.Parameter(torch.empty(d, d)), nn.Parameter(torch.empty(d))
-        self.ln2_w, self.ln2_b = nn.Parameter(torch.empty(d)), nn.Parameter(torch.empty(d))
-        self.fc1_w, self.fc1_b = nn.Parameter(torch.empty(c.d_mlp, d)), nn.Parameter(torch.empty(c.d_mlp))
-        self.fc2_w, self.fc2_b = nn.Parameter(torch.empty(d, c.d_mlp)), nn.Parameter(torch.empty(d))
-        self.n_heads = c.n_heads
+class TorchPolicy:
+    """Deterministic CPU ``GenerationBackend`` over a Hugging Face model folder.
 
-    def forward(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int) -> torch.Tensor:
-        """``x``: [T, d] at positions ``start..start+T-1``; caches: [H, L, dh]."""
-        t, d = x.shape
-        h = F.layer_norm(x, (d,), self.ln1_w, self.ln1_b)
-        q, k, v = F.linear(h, self.qkv_w, self.qkv_b).view(t, 3, self.n_heads, -1).permute(1, 2, 0, 3)
-        end = start + t
-        k_cache[:, start:end] = k
-        v_cache[:, start:end] = v
-        keys, values = k_cache[:, :end], v_cache[:, :end]
-        if t == 1 or start == 0:
-            # One new token sees everything; a prefill from 0 is plain causal.
-            attn = F.scaled_dot_product_attention(q, keys, values, is_causal=t > 1)  # [H, T, dh]
-        else:
-            visible = torch.ones(t, end, dtype=torch.bool).tril(start)
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=visible)
-        x = x + F.linear(attn.transpose(0, 1).reshape(t, d), self.out_w, self.out_b)
-        h = F.layer_norm(x, (d,), self.ln2_w, self.ln2_b)
-        return x + F.linear(F.gelu(F.linear(h, self.fc1_w, self.fc1_b)), self.fc2_w, self.fc2_b)
+    Sampling per step: logits -> constraint mask (disallowed = -inf) -> divide by
+    temperature -> top-p nucleus -> inverse-CDF draw from a generator seeded with
+    ``position_seed(params.seed, position)``; ``temperature == 0`` is greedy. A call with
+    ``seed=None`` takes its seed from a per-instance stream started at ``sampler_seed``.
 
+    Logprobs: each sampled token's log-probability under the masked, temperature-scaled
+    distribution, *before* top-p truncation: what a trainer can recompute from logits
+    alone (``score`` does). Greedy calls report logprobs at temperature 1.
 
-class _TinyTransformer(nn.Module):
-    def __init__(self, c: TinyPolicyConfig) -> None:
-        super().__init__()
-        self.config = c
-        self.tok_emb = nn.Parameter(torch.empty(c.vocab_size, c.d_model))
-        self.pos_emb = nn.Parameter(torch.empty(c.max_context, c.d_model))
-        self.blocks = nn.ModuleList(_Block(c) for _ in range(c.n_layers))
-        self.lnf_w, self.lnf_b = nn.Parameter(torch.empty(c.d_model)), nn.Parameter(torch.empty(c.d_model))
-
-    def init_weights(self, generator: torch.Generator) -> None:
-        """Fill every parameter in registration order from ``generator``."""
-        c = self.config
-        with torch.no_grad():
-            for name, p in self.named_parameters():
-                leaf = name.rsplit(".", 1)[-1]
-                if leaf.startswith("ln") and leaf.endswith("_w"):
-                    p.fill_(1.0)
-                elif leaf.endswith("_b"):
-                    p.zero_()
-                elif leaf == "tok_emb":
-                    p.normal_(0.0, c.embed_std, generator=generator)
-                elif leaf == "pos_emb":
-                    p.normal_(0.0, 0.02, generator=generator)
-                else:
-                    std = 1.0 / math.sqrt(p.shape[1])
-                    if leaf in ("out_w", "fc2_w"):  # keep the residual stream's scale across layers
-                        std /= math.sqrt(2 * c.n_layers)
-                    p.normal_(0.0, std, generator=generator)
-
-    def forward(self, ids: torch.Tensor, cache: _KVCache, start: int, all_logits: bool = False) -> torch.Tensor:
-        """Logits for the last position ([V]), or for every position ([T, V])."""
-        t = ids.shape[0]
-        x = self.tok_emb[ids] + self.pos_emb[start : start + t]
-        for i, block in enumerate(self.blocks):
-            x = block(x, cache.k[i], cache.v[i], start)
-        if not all_logits:
-            x = x[-1:]
-        x = F.layer_norm(x, (self.config.d_model,), self.lnf_w, self.lnf_b)
-        logits = F.linear(x, self.tok_emb)  # tied head
-        return logits if all_logits else logits[0]
-
-
-class TinyTorchPolicy:
-    """Deterministic CPU ``GenerationBackend``: same inputs, same ids and logprobs, bit for bit.
-
-    Sampling per step: logits -> constraint mask (disallowed = -inf) ->
-    divide by temperature -> top-p nucleus -> inverse-CDF draw with a
-    ``torch.Generator`` seeded from ``params.seed``; ``temperature == 0`` is greedy.
-    A call with ``seed=None`` takes its seed from a per-instance stream started
-    at ``sampler_seed``, so it is reproducible only for the same sequence of calls.
-
-    Logprobs: each sampled token's log-probability under the masked,
-    temperature-scaled distribution, *before* top-p truncation (with
-    ``top_p == 1`` that is exactly the distribution sampled from). That is what a
-    trainer can recompute from logits alone (``score`` does), without replaying
-    the nucleus cut. Greedy calls report logprobs at temperature 1.
-
-    Prompts longer than ``max_context - max_tokens`` keep their last
-    ``max_context - max_tokens`` tokens, so the whole generation fits the
-    positional table. ``generate_batch`` loops over ``generate``: each result is
-    bit-identical to the single call, which real batching (other matmul shapes)
-    would not guarantee. Not thread-safe; use one instance per thread.
+    Prompts longer than ``max_context - max_tokens`` keep their last tokens, so the
+    whole generation fits the model's positions.
     """
 
-    def __init__(
-        self,
-        tokenizer: ChatTokenizer | None = None,
-        weights_seed: int = 0,
-        sampler_seed: int = 0,
-        config: TinyPolicyConfig | None = None,
-    ) -> None:
-        self.tokenizer = tokenizer if tokenizer is not None else default_tokenizer()
-        self.config = config if config is not None else TinyPolicyConfig(vocab_size=self.tokenizer.vocab_size)
-        if self.config.vocab_size != self.tokenizer.vocab_size:
-            raise ValueError(
-                f"policy vocab_size {self.config.vocab_size} != tokenizer vocab_size {self.tokenizer.vocab_size}"
-            )
-        self.eos_id = self.tokenizer.eos_id
-        self.weights_seed = weights_seed
-        self.model = _TinyTransformer(self.config)
-        self.model.init_weights(torch.Generator().manual_seed(weights_seed))
-        self.model.requires_grad_(False).eval()
-        self.weights_digest = self._digest()
-        self.policy_version = f"{ARCH_VERSION}-seed{weights_seed}-{self.weights_digest[:12]}"
-        self._seed_stream = np.random.default_rng(sampler_seed)
+    deterministic = True
+    resumes_constrained = True
 
+    def __init__(self, model_dir: str | Path, *, sampler_seed: int = 0, workers: int = 1) -> None:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # library code never prints
+        self.model_dir = Path(model_dir)
+        self.tokenizer = ChatTokenizer.from_folder(self.model_dir)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_dir, dtype=torch.float32,
+                                                          attn_implementation="sdpa")
+        self.model.requires_grad_(False).eval()
+        config = self.model.config
+        self.vocab_size = int(config.vocab_size)
+        self.max_context = int(getattr(config, "max_position_embeddings", 2048))
+        eos = getattr(self.model.generation_config, "eos_token_id", None)
+        eos_ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+        self.eos_ids = frozenset(int(i) for i in eos_ids) | {self.tokenizer.eos_id}
+        self.policy_version = policy_version_of(self.model_dir)
+        self._seed_stream = np.random.default_rng(sampler_seed)
+        self._executor = ThreadPoolExecutor(workers, thread_name_prefix="torch-policy")
+
+    # -- the async interface --------------------------------------------------------
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
+        stop = threading.Event()
+
+        def emit(item: TokenChunk | BaseException) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def work() -> None:
+            try:
+                self.generate_sync(request, emit, stop)
+            except BaseException as exc:  # handed to the awaiting call, raised there
+                emit(exc)
+
+        seed = request.params.seed if request.params.seed is not None else int(self._seed_stream.integers(2**63))
+        if request.params.seed is None:
+            request = GenerationRequest(request.prompt_ids, SamplingParams(
+                request.params.temperature, request.params.top_p, request.params.max_tokens, seed),
+                request.constraint, request.prefix_ids, request.prefix_logprobs, request.request_id,
+                request.chunk_tokens)
+        loop.run_in_executor(self._executor, work)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason is not None:
+                    return
+        finally:
+            stop.set()  # an abandoned call stops at its next token
+
+    async def aclose(self) -> None:
+        """Nothing to release per run: the worker thread idles until the next call."""
+
+    # -- the compute ----------------------------------------------------------------
     @torch.inference_mode()
-    def generate(
-        self, prompt_ids: np.ndarray, params: SamplingParams, constraint: TokenConstraint | None = None
-    ) -> Generation:
+    def generate_sync(self, request: GenerationRequest, emit: Callable[[TokenChunk], None] | None = None,
+                      stop: threading.Event | None = None) -> Generation:
+        """The whole output (prefix included); ``emit`` gets the new tokens in chunks."""
+        params, constraint = request.params, request.constraint
         temperature, top_p = self._check_params(params)
-        prompt = self._prompt_tensor(prompt_ids, params.max_tokens)
         seed = params.seed if params.seed is not None else int(self._seed_stream.integers(2**63))
-        generator = torch.Generator().manual_seed(seed)
-        cache = _KVCache(self.config, prompt.shape[0] + params.max_tokens)
-        logits = self.model(prompt, cache, 0)
-        pos = prompt.shape[0]
-        out: list[int] = []
-        logprobs: list[float] = []
+        prompt = self._prompt_tensor(request.prompt_ids, params.max_tokens)
+        cache = self._new_cache()
+        logits = self._forward(prompt, cache)
+        out = [int(t) for t in request.prefix_ids]
+        for token in out:
+            logits = self._forward(torch.tensor([token]), cache)
+        new_ids: list[int] = []
+        new_logprobs: list[float] = []
+        sent = 0
         finish = FINISH_LENGTH
-        for step in range(params.max_tokens):
+        for position in range(len(out), params.max_tokens):
+            if stop is not None and stop.is_set():
+                break
             logp = self._logprobs(logits, self._allowed(constraint, out), temperature)
             if temperature == 0.0:
                 token = int(torch.argmax(logp))
             else:
-                token = _sample(logp, top_p, generator)
+                token = _sample(logp, top_p, torch.Generator().manual_seed(position_seed(seed, position)))
             out.append(token)
-            logprobs.append(float(logp[token]))
-            if token == self.eos_id or (constraint is not None and constraint.is_complete(out)):
+            new_ids.append(token)
+            new_logprobs.append(float(logp[token]))
+            if token in self.eos_ids or (constraint is not None and constraint.is_complete(out)):
                 finish = FINISH_STOP
                 break
-            if step + 1 < params.max_tokens:
-                logits = self.model(torch.tensor([token]), cache, pos)
-                pos += 1
-        return Generation(
-            output_ids=np.asarray(out, dtype=np.int32),
-            logprobs=np.asarray(logprobs, dtype=np.float32),
-            finish_reason=finish,
-        )
-
-    def generate_batch(
-        self, requests: Sequence[tuple[np.ndarray, SamplingParams, TokenConstraint | None]]
-    ) -> list[Generation]:
-        """Sequential ``generate`` per request (see the class docstring for why)."""
-        return [self.generate(prompt, params, constraint) for prompt, params, constraint in requests]
+            if emit is not None and request.chunk_tokens and len(new_ids) - sent >= request.chunk_tokens:
+                emit(TokenChunk(np.asarray(new_ids[sent:], dtype=np.int32),
+                                np.asarray(new_logprobs[sent:], dtype=np.float32)))
+                sent = len(new_ids)
+            if position + 1 < params.max_tokens:
+                logits = self._forward(torch.tensor([token]), cache)
+        if emit is not None:
+            emit(TokenChunk(np.asarray(new_ids[sent:], dtype=np.int32),
+                            np.asarray(new_logprobs[sent:], dtype=np.float32), finish))
+        return Generation(np.concatenate([request.prefix_ids, np.asarray(new_ids, dtype=np.int32)]).astype(np.int32),
+                          np.concatenate([request.prefix_logprobs,
+                                          np.asarray(new_logprobs, dtype=np.float32)]).astype(np.float32), finish)
 
     @torch.inference_mode()
-    def score(
-        self,
-        prompt_ids: np.ndarray,
-        output_ids: np.ndarray,
-        params: SamplingParams,
-        constraint: TokenConstraint | None = None,
-    ) -> np.ndarray:
+    def score(self, prompt_ids: np.ndarray, output_ids: np.ndarray, params: SamplingParams,
+              constraint: TokenConstraint | None = None) -> np.ndarray:
         """Logprobs of ``output_ids`` after ``prompt_ids`` from one full forward pass.
 
-        Same masking and temperature as ``generate`` and no KV cache, so it
-        independently checks (to float rounding) what ``generate`` reported.
-        """
+        Same masking and temperature as generation and no key/value cache, so it
+        independently checks (to float rounding) what a call reported."""
         temperature, _ = self._check_params(params)
         prompt = self._prompt_tensor(prompt_ids, params.max_tokens)
         output = torch.from_numpy(np.asarray(output_ids, dtype=np.int64))
         ids = torch.cat([prompt, output])
-        cache = _KVCache(self.config, ids.shape[0])
-        logits = self.model(ids, cache, 0, all_logits=True)[prompt.shape[0] - 1 : -1]
+        logits = self.model(input_ids=ids[None]).logits[0, prompt.shape[0] - 1: -1]
         out: list[int] = []
         scores = np.empty(len(output), dtype=np.float32)
         for i, token in enumerate(output.tolist()):
@@ -239,9 +190,18 @@ class TinyTorchPolicy:
             out.append(token)
         return scores
 
+    def _new_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def _forward(self, ids: torch.Tensor, cache) -> torch.Tensor:
+        """Logits of the last position after feeding ``ids`` (1-D) on top of ``cache``."""
+        return self.model(input_ids=ids[None], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+
     def _logprobs(self, logits: torch.Tensor, allowed: np.ndarray | None, temperature: float) -> torch.Tensor:
         if allowed is not None:
-            mask = np.full(self.config.vocab_size, -np.inf, dtype=np.float32)
+            mask = np.full(logits.shape[-1], -np.inf, dtype=np.float32)
             mask[allowed] = 0.0
             logits = logits + torch.from_numpy(mask)
         if temperature > 0.0:
@@ -256,17 +216,17 @@ class TinyTorchPolicy:
             return None
         if allowed.size == 0:
             raise ConstraintViolation(f"constraint allows no next token after {out} and is not complete")
-        if allowed.min() < 0 or allowed.max() >= self.config.vocab_size:
-            raise ConstraintViolation(f"constraint allowed ids outside [0, {self.config.vocab_size})")
+        if allowed.min() < 0 or allowed.max() >= self.vocab_size:
+            raise ConstraintViolation(f"constraint allowed ids outside [0, {self.vocab_size})")
         return allowed
 
     def _prompt_tensor(self, prompt_ids: np.ndarray, max_tokens: int) -> torch.Tensor:
         prompt = np.asarray(prompt_ids)
         if prompt.ndim != 1 or prompt.size == 0:
             raise ValueError(f"prompt_ids must be a non-empty 1-D id array, got shape {prompt.shape}")
-        if prompt.min() < 0 or prompt.max() >= self.config.vocab_size:
-            raise ValueError(f"prompt_ids must lie in [0, {self.config.vocab_size}) for {self.policy_version}")
-        keep = self.config.max_context - max_tokens
+        if prompt.min() < 0 or prompt.max() >= self.vocab_size:
+            raise ValueError(f"prompt_ids must lie in [0, {self.vocab_size}) for {self.policy_version}")
+        keep = self.max_context - max_tokens
         return torch.from_numpy(prompt[-keep:].astype(np.int64))
 
     def _check_params(self, params: SamplingParams) -> tuple[float, float]:
@@ -277,18 +237,9 @@ class TinyTorchPolicy:
             raise ValueError(f"temperature must be >= 0, got {params.temperature}")
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {params.top_p}")
-        if not 1 <= params.max_tokens < self.config.max_context:
-            raise ValueError(f"max_tokens must be in [1, {self.config.max_context}), got {params.max_tokens}")
+        if not 1 <= params.max_tokens < self.max_context:
+            raise ValueError(f"max_tokens must be in [1, {self.max_context}), got {params.max_tokens}")
         return temperature, top_p
-
-    def _digest(self) -> str:
-        h = hashlib.sha256()
-        h.update(json.dumps(asdict(self.config), sort_keys=True).encode())
-        h.update(self.tokenizer.fingerprint.encode())
-        for name, p in self.model.named_parameters():
-            h.update(name.encode())
-            h.update(p.detach().numpy().tobytes())
-        return h.hexdigest()
 
 
 def _sample(logp: torch.Tensor, top_p: float, generator: torch.Generator) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import atexit
 import gc
 import logging
 from collections.abc import Callable
@@ -15,25 +16,45 @@ from journal.journal import Journal
 from journal.open import open_journal
 
 from .config import WorkloadConfig
+from .generation import GenerationBackend
 from .runner import Runner, RunReport
-from .tokenizer import default_tokenizer
-from .torch_policy import TinyTorchPolicy
 
 log = logging.getLogger(__name__)
 
 TurnCallback = Callable[[str, int], None]
 
 
-def build_backend(config: WorkloadConfig) -> TinyTorchPolicy:
-    """The workload's model. Process-wide settings are made here, by the program, not the library:
-    torch's thread count, and a garbage-collector freeze once the model is built."""
-    torch.set_num_threads(config.model.torch_threads)
-    backend = TinyTorchPolicy(default_tokenizer(), weights_seed=config.model.weights_seed)
+def build_backend(config: WorkloadConfig) -> GenerationBackend:
+    """The workload's model: its folder (``model.path``, or the embedded tiny Llama) loaded by
+    the configured backend. Process-wide settings are made here, by the program, not the
+    library: torch's thread count, vLLM's environment, and a garbage-collector freeze once
+    the model is built."""
+    model = config.model
+    torch.set_num_threads(model.torch_threads)
+    folder = model.model_dir()
+    backend: GenerationBackend
+    if model.backend == "torch":
+        from .torch_policy import TorchPolicy
+
+        backend = TorchPolicy(folder)
+    elif model.backend == "vllm":
+        from .vllm_backend import VllmBackend, VllmEngine
+
+        backend = VllmBackend(VllmEngine.shared(folder, dtype=model.dtype, max_model_len=model.max_model_len,
+                                                kv_cache_gib=model.kv_cache_gib))
+    else:
+        from .openai_backend import OpenAIBackend
+
+        assert model.url is not None  # checked by ModelConfig
+        backend = OpenAIBackend(model.url, folder, served_model=model.served_model, timeout_s=model.request_timeout_s)
     # The imported libraries, the weights and the tokenizer live as long as the process. Frozen,
     # they drop out of the collector's full passes, which otherwise walk some 200k objects
     # (about 85 ms here) every few hundred turns.
     gc.collect()
     gc.freeze()
+    # ...until the process exits: objects still frozen then are never freed, and native libraries
+    # that count their live objects (triton's nanobind bindings, imported by torch) print warnings.
+    atexit.register(gc.unfreeze)
     return backend
 
 
@@ -55,7 +76,7 @@ def run_workload(config: WorkloadConfig, *, resume: bool, on_turn: TurnCallback 
     max_turns settings than the journal's rollouts ran with (see ``Runner``)."""
     if not config.journaling:
         backend = build_backend(config)
-        return asyncio.run(Runner(config, None, backend, backend.tokenizer, progress=on_turn).run(resume=False))
+        return asyncio.run(_run(Runner(config, None, backend, backend.tokenizer, progress=on_turn), resume=False))
     signer = HeadSigner.from_environment()
     if signer is not None:
         log.info("workload %s: signing chain heads with key id %s", config.name, signer.key_id)
@@ -63,4 +84,12 @@ def run_workload(config: WorkloadConfig, *, resume: bool, on_turn: TurnCallback 
         backend = build_backend(config)
         runner = Runner(config, journal, backend, backend.tokenizer, progress=on_turn, signer=signer,
                         topology_override=topology_override)
-        return asyncio.run(runner.run(resume=resume, stop_after=stop_after))
+        return asyncio.run(_run(runner, resume=resume, stop_after=stop_after))
+
+
+async def _run(runner: Runner, **kwargs: object) -> RunReport:
+    """Run, then release what the backend holds for this event loop (connections, threads)."""
+    try:
+        return await runner.run(**kwargs)  # type: ignore[arg-type]
+    finally:
+        await runner.model.backend.aclose()

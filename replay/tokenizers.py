@@ -1,14 +1,16 @@
 """Which tokenizer wrote a model call's token ids, identified from the journal.
 
-A ``ModelCall`` records the ``policy_version`` that produced it. For the embedded
-torch policy that string is ``tiny-torch-v1-seed<S>-<digest>``, and the digest
-covers the weights *and the tokenizer's fingerprint*: rebuilding the policy for
-seed S with a candidate tokenizer and getting the same version proves that
-tokenizer is the one the call was written with. Candidates are the built-in
-tokenizer and any ``tokenizer.json`` the user hands in (``--tokenizer``). A
-policy of another family cannot be checked that way: only a tokenizer the user
-names is used for it, and the identity says it was not verified. Nothing is
-ever decoded with a tokenizer merely assumed to fit.
+A ``ModelCall`` records the ``policy_version`` that produced it: ``<model folder
+name>@<12 hex digits>``, the digest covering the folder's config, weights,
+tokenizer and chat template (``participants.tiny_model.policy_version_of``), the
+same for every backend that loads the folder. A folder whose own policy version
+equals the call's is therefore proven to hold the tokenizer the call was written
+with. Candidates are the model folders the user hands in (``--tokenizer``) and,
+for the embedded model (``tiny-llama-v<N>-seed<S>@...``), the embedded folder for
+that seed, rebuilt if it is not cached (it is built deterministically). A policy
+that no candidate reproduces can only be decoded with a tokenizer the user names,
+and the identity then says it was not verified. Nothing is ever decoded with a
+tokenizer merely assumed to fit.
 """
 
 from __future__ import annotations
@@ -17,11 +19,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from participants.tokenizer import ChatTokenizer, default_tokenizer
+from participants.tiny_model import BUILDER_VERSION, policy_version_of, tiny_model_dir
+from participants.tokenizer import ChatTokenizer
 
 from .errors import TokenizerUnavailableError
 
-_TINY_TORCH = re.compile(r"^tiny-torch-v1-seed(?P<seed>-?\d+)-(?P<digest>[0-9a-f]+)$")
+_EMBEDDED = re.compile(rf"^{re.escape(BUILDER_VERSION)}-seed(?P<seed>-?\d+)@(?P<digest>[0-9a-f]+)$")
 
 
 @dataclass(frozen=True)
@@ -30,8 +33,8 @@ class TokenizerIdentity:
 
     policy_version: str
     tokenizer: ChatTokenizer
-    verified: bool  # the policy version was rebuilt from this tokenizer
-    source: str  # "built-in" or the path given
+    verified: bool  # the policy version was reproduced from the folder this tokenizer came from
+    source: str  # "embedded" or the path given
 
     @property
     def fingerprint(self) -> str:
@@ -42,53 +45,57 @@ class TokenizerIdentity:
                 "verified": self.verified, "source": self.source}
 
 
+@dataclass(frozen=True)
+class _Candidate:
+    source: str
+    folder: Path
+
+    def version(self) -> str:
+        return policy_version_of(self.folder)
+
+    def tokenizer(self) -> ChatTokenizer:
+        try:
+            return ChatTokenizer.from_folder(self.folder)
+        except Exception as exc:  # noqa: BLE001 - OSError, ValueError, and what tokenizers raises
+            raise TokenizerUnavailableError(f"cannot load the tokenizer of {self.folder}: {exc}") from None
+
+
 class TokenizerCatalog:
     """Resolves policy versions to the tokenizers that wrote their calls (cached per version)."""
 
     def __init__(self, given: list[str | Path] | None = None, *, builtin: bool = True) -> None:
-        self._candidates: list[tuple[str, ChatTokenizer]] = []
-        for path in given or []:
-            self._candidates.append((str(path), _load(Path(path))))
-        if builtin:
-            self._candidates.append(("built-in", default_tokenizer()))
+        """``given``: model folders (or a ``tokenizer.json`` inside one); ``builtin``: also
+        consider the embedded model's folders."""
+        self._given = [_Candidate(str(path), _folder_of(Path(path))) for path in given or []]
+        self._builtin = builtin
         self._resolved: dict[str, TokenizerIdentity] = {}
 
     def identify(self, policy_version: str) -> TokenizerIdentity:
         """The tokenizer ``policy_version`` wrote its ids with; raises
-        :class:`TokenizerUnavailableError` when none at hand can be shown (or, for an unknown
-        policy family, was named) to be it."""
+        :class:`TokenizerUnavailableError` when none at hand can be shown (or, for a policy no
+        candidate reproduces, was named) to be it."""
         found = self._resolved.get(policy_version)
         if found is None:
             found = self._resolved[policy_version] = self._identify(policy_version)
         return found
 
     def _identify(self, policy_version: str) -> TokenizerIdentity:
-        tiny = _TINY_TORCH.match(policy_version)
-        if tiny is not None:
-            from participants.torch_policy import (
-                TinyTorchPolicy,  # torch: only when a call needs decoding
-            )
-
-            seed = int(tiny.group("seed"))
-            for source, tokenizer in self._candidates:
-                if TinyTorchPolicy(tokenizer, weights_seed=seed).policy_version == policy_version:
-                    return TokenizerIdentity(policy_version, tokenizer, True, source)
+        candidates = list(self._given)
+        embedded = _EMBEDDED.match(policy_version)
+        if embedded is not None and self._builtin:
+            candidates.append(_Candidate("embedded", tiny_model_dir(int(embedded.group("seed")))))
+        for candidate in candidates:
+            if candidate.version() == policy_version:
+                return TokenizerIdentity(policy_version, candidate.tokenizer(), True, candidate.source)
+        if embedded is not None or not self._given:
+            tried = ", ".join(c.source for c in candidates) or "none"
             raise TokenizerUnavailableError(
-                f"policy {policy_version} was not built with any tokenizer at hand "
-                f"({', '.join(s for s, _ in self._candidates) or 'none'}): its token ids would decode wrongly. "
-                "Pass the policy's tokenizer.json with --tokenizer, or --no-decode for token ids only")
-        given = [(s, t) for s, t in self._candidates if s != "built-in"]
-        if not given:
-            raise TokenizerUnavailableError(
-                f"policy {policy_version} is of a family this version cannot identify a tokenizer for; pass its "
-                "tokenizer.json with --tokenizer (used as given, unverified), or --no-decode for token ids only")
-        source, tokenizer = given[0]
-        return TokenizerIdentity(policy_version, tokenizer, False, source)
+                f"policy {policy_version} was not written by any model folder at hand ({tried}): its token ids "
+                "would decode wrongly. Pass the policy's model folder with --tokenizer, or --no-decode for token "
+                "ids only")
+        first = self._given[0]  # a policy no folder reproduces: the one the user named, unverified
+        return TokenizerIdentity(policy_version, first.tokenizer(), False, first.source)
 
 
-def _load(path: Path) -> ChatTokenizer:
-    file = path / "tokenizer.json" if path.is_dir() else path
-    try:
-        return ChatTokenizer(file.read_text(encoding="utf-8"))
-    except Exception as exc:  # noqa: BLE001 - OSError, ValueError, and the plain Exception tokenizers raises
-        raise TokenizerUnavailableError(f"cannot load tokenizer {file}: {exc}") from None
+def _folder_of(path: Path) -> Path:
+    return path.parent if path.is_file() else path

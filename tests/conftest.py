@@ -1,1 +1,34 @@
-pytest_plugins = ["tests.kafka_fixtures"]
+"""Suite-wide set-up: the Kafka fixtures, and one embedded model folder per test session.
+
+The tiny Llama every backend loads is built once into a folder of this session
+(``ROLLOUT_JOURNAL_MODEL_CACHE``, set before any test or child process starts, so the
+workload children of the recovery tests load the same folder). vLLM's compile caches
+live under the project (``.cache/vllm``, ignored by git): kept between sessions, they
+spare the first engine of a session its kernel compilation.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+pytest_plugins = ["tests.kafka_fixtures", "tests.vllm_fixtures"]
+
+ROOT = Path(__file__).resolve().parent.parent
+_session_models: str | None = None
+
+
+def pytest_configure(config) -> None:
+    global _session_models
+    if "ROLLOUT_JOURNAL_MODEL_CACHE" not in os.environ:
+        _session_models = tempfile.mkdtemp(prefix="rj-test-models-")
+        os.environ["ROLLOUT_JOURNAL_MODEL_CACHE"] = _session_models
+    os.environ.setdefault("ROLLOUT_JOURNAL_VLLM_CACHE", str(ROOT / ".cache" / "vllm"))
+    os.environ.setdefault("TMPDIR", tempfile.gettempdir())
+
+
+def pytest_unconfigure(config) -> None:
+    if _session_models is not None:
+        shutil.rmtree(_session_models, ignore_errors=True)

@@ -44,7 +44,7 @@ def test_the_package_and_its_submodules_load_without_torch(code: str) -> None:
 
 
 def test_the_model_backend_brings_torch_when_asked_for() -> None:
-    assert imports_torch("from participants import TinyTorchPolicy")
+    assert imports_torch("from participants import TorchPolicy")
 
 
 def test_the_public_names_are_the_lazy_table() -> None:

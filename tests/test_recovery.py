@@ -109,10 +109,26 @@ def test_a_crash_while_a_snapshot_is_written_loses_only_that_uncommitted_turn(tm
     assert_identical(resumed, reference)
 
 
+READ_ONLY_TOOLS = ("mail.list", "mail.search", "calendar.list", "calendar.free", "crm.lookup", "submit")
+
+
+def seed_whose_turn_mutates(config: WorkloadConfig, turn: int) -> tuple[WorkloadConfig, dict[str, dict]]:
+    """The first seed from 4 on whose single rollout's ``turn`` (0-based) calls a workplace tool
+    that mutates, with that seed's uninterrupted outcomes."""
+    for seed in range(4, 24):
+        candidate = config.model_copy(update={"seed": seed})
+        reference = reference_outcomes(candidate)
+        (outcome,) = reference.values()
+        if len(outcome["actions"]) > turn and not outcome["actions"][turn].startswith(READ_ONLY_TOOLS):
+            return candidate, reference
+    raise AssertionError("no seed from 4 to 23 mutates a resource at that turn")
+
+
 def test_a_zombie_attempt_is_refused_by_the_journal_and_by_resources(journal_location: str) -> None:
-    config = workload(journal_location, siblings=1, max_turns=6)
+    # The zombie's third turn must mutate a resource, which the resource must refuse; which seed
+    # gives such a turn depends on the model (torch and vLLM differ), so it is looked for.
+    config, reference = seed_whose_turn_mutates(workload(journal_location, siblings=1, max_turns=6), turn=2)
     (rid,) = (s.rollout_id for s in workload_specs(config))
-    reference = reference_outcomes(config)
     kafka = journal_location.startswith("kafka://")
 
     async def scenario() -> None:
@@ -122,6 +138,7 @@ def test_a_zombie_attempt_is_refused_by_the_journal_and_by_resources(journal_loc
         zombie_live = zombie.live[rid]
         if not kafka:
             zombie_journal.close()  # the file journal's lock admits one writer: a zombie process would block attempt 2
+            zombie.agent.durable_calls = False  # so nothing of its turn reaches the closed journal before the resource
 
         # Attempt 2 takes over on another worker slot.
         successor_config = config.model_copy(update={"writer": "worker-1"})

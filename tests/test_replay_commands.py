@@ -28,8 +28,7 @@ from journal.restore import load_rollouts
 from participants.config import WorkloadConfig
 from participants.rollout_state import restore_state
 from participants.runner import Runner, RunReport, workload_specs
-from participants.tokenizer import ChatTokenizer
-from participants.torch_policy import TinyTorchPolicy
+from participants.tokenizer import ChatTokenizer, default_tokenizer
 from participants.workload import build_backend, open_workload_journal, run_workload
 from replay.exit_codes import EXIT_INPUT, EXIT_JOURNAL_DAMAGED
 from replay.cli import main as cli
@@ -496,35 +495,51 @@ def one_call_journal(root: Path, policy_version: str, tokenizer: ChatTokenizer) 
         journal.append_sync([
             AttemptStarted(header(0), 0, "t", "new rollout"),
             ModelCall(header(1), "r1/a1/t0/c0", None, policy_version, SamplingParams(), 0,
-                      tokenizer.generation_prompt(), text, np.zeros(len(text), dtype=np.float32)),
+                      tokenizer.chat_prompt([("user", "read mail 3")]), text, np.zeros(len(text), dtype=np.float32)),
             TurnCompleted(header(2), [Message("assistant", "mail.read(id=3)")], ["r1/a1/t0/c0"], {}),
         ])
 
 
+def another_model_folder(root: Path) -> Path:
+    """The embedded model's folder under another chat template: another tokenizer identity,
+    so another policy version, under the embedded model's own name."""
+    import shutil
+
+    from participants.tiny_model import tiny_model_dir
+
+    folder = root / tiny_model_dir().name
+    shutil.copytree(tiny_model_dir(), folder)
+    template = next(p for p in folder.iterdir() if p.name in ("chat_template.jinja", "chat_template.json"))
+    template.write_text(template.read_text() + "{# another build of the same template #}")
+    return folder
+
+
 def test_show_decodes_with_the_tokenizer_the_policy_was_built_with(tmp_path: Path, capsys) -> None:
-    other = ChatTokenizer.train(vocab_size=400)  # another tokenizer: another policy version
-    policy = TinyTorchPolicy(other, weights_seed=0).policy_version
+    from participants.tiny_model import policy_version_of
+
+    folder = another_model_folder(tmp_path / "models")
+    other = ChatTokenizer.from_folder(folder)
+    policy = policy_version_of(folder)
     one_call_journal(tmp_path / "j", policy, other)
     code, _, err = run_cli(capsys, "replay", "show", "r1", "--journal", str(tmp_path / "j"))
-    assert code == EXIT_INPUT and policy in err and "--tokenizer" in err  # the built-in one is refused, not assumed
-    other.save_hf(tmp_path / "tok")
+    assert code == EXIT_INPUT and policy in err and "--tokenizer" in err  # the embedded one is refused, not assumed
     code, doc, _ = run_cli(capsys, "replay", "show", "r1", "--journal", str(tmp_path / "j"), "--json",
-                           "--tokenizer", str(tmp_path / "tok"))
+                           "--tokenizer", str(folder))
     assert code == 0
     (call,) = doc["turns"][0]["calls"]
     assert call["decoded_output"] == "mail.read(id=3)"
     assert call["tokenizer"]["verified"] and call["tokenizer"]["tokenizer_fingerprint"] == other.fingerprint
 
 
-def test_show_refuses_a_policy_family_it_cannot_identify_unless_told(tmp_path: Path, capsys) -> None:
-    tokenizer = ChatTokenizer.train()
+def test_show_refuses_a_policy_no_folder_reproduces_unless_told(tmp_path: Path, capsys) -> None:
+    tokenizer = default_tokenizer()
     one_call_journal(tmp_path / "j", "vllm:org/model@rev-abc", tokenizer)
     code, _, err = run_cli(capsys, "replay", "show", "r1", "--journal", str(tmp_path / "j"))
     assert code == EXIT_INPUT and "vllm:org/model@rev-abc" in err
     assert run_cli(capsys, "replay", "show", "r1", "--journal", str(tmp_path / "j"), "--no-decode")[0] == 0
-    tokenizer.save_hf(tmp_path / "tok")
+    folder = another_model_folder(tmp_path / "models")
     code, doc, _ = run_cli(capsys, "replay", "show", "r1", "--journal", str(tmp_path / "j"), "--json",
-                           "--tokenizer", str(tmp_path / "tok" / "tokenizer.json"))
+                           "--tokenizer", str(folder / "tokenizer.json"))
     assert code == 0 and doc["tokenizers"]["vllm:org/model@rev-abc"]["verified"] is False
 
 

@@ -15,7 +15,7 @@ from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
     AttemptFenced, AttemptStarted, BlobChunk, BlobRef, ChainHead, EventChunk, Header, HeadCheckpoint, Message,
-    ModelCall, Record, ResourceMutation, RolloutAcknowledged, RolloutFailed, RolloutFinished, Snapshot, TurnCompleted,
+    ModelCall, ModelCallProgress, OutputSegment, Record, ResourceMutation, RolloutAcknowledged, RolloutFailed, RolloutFinished, Snapshot, TurnCompleted,
     WorkloadRegistered,
 )
 from schemas.legacy import FINGERPRINTS_0_1_0, fingerprint_by_the_0_1_0_rule
@@ -28,7 +28,10 @@ SAMPLES = {
                                      [Message("system", "be brief"), Message("user", "task")], "max_turns 5 -> 6",
                                      "r0@3"),
     "AttemptFenced": AttemptFenced(header("r", 1), 2, 3, "superseded by attempt 3"),
-    "ModelCall": model_call("r", 2, tokens=1024),
+    "ModelCall": dataclasses.replace(model_call("r", 2, tokens=1024),
+                                     segments=[OutputSegment(1, "policy-a", 600), OutputSegment(2, "policy-a", 424)]),
+    "ModelCallProgress": ModelCallProgress(header("r", 2), "r/a1/t0/c0", 0, "policy-a", "s" * 64, 32,
+                                           np.arange(32, dtype="<i4"), np.linspace(-3, 0, 32, dtype="<f4")),
     "ResourceMutation": ResourceMutation(header("r", 3), "r/mail", "mailbox", "send", '{"to":"a"}', "r:1:0",
                                          4, 5, '{"ok":true}', "d" * 64, "c" * 64),
     "TurnCompleted": turn_done("r", 4),
@@ -93,6 +96,8 @@ STANDARD_FINGERPRINTS = {
     ("AttemptStarted", 1): "00d1dbb059e6d92b",
     ("BlobChunk", 1): "b7045a2445318d95",
     ("ModelCall", 1): "0dec6cc675ea20f4",
+    ("ModelCall", 2): "e6a8ea4245aac457",
+    ("ModelCallProgress", 1): "30dd878921db461a",
     ("ResourceMutation", 1): "3a650556da1445d9",
     ("RolloutAcknowledged", 1): "4b4e2c5760e825c3",
     ("RolloutFinished", 1): "caf0371a1cc2cc5b",

@@ -1,0 +1,160 @@
+"""Model calls on the event loop: a slow model server never blocks the other rollouts, a
+coordinated checkpoint aborts a call that outlasts it (the call continues afterwards), and
+a redone turn on a server that is not bit-deterministic replays its journaled call rather
+than sampling another action under the same idempotency keys."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+from journal.events import ModelCall, ResourceMutation, RolloutFailed
+from journal.journal import ReadReport
+from journal.open import open_journal
+from participants.config import WorkloadConfig
+from participants.environments import Environment
+from participants.generation import GenerationRequest, SamplingParams, TokenChunk
+from participants.resources import canonical_json
+from participants.rollout_state import RolloutSpec
+from participants.runner import Runner, workload_specs
+from participants.tiny_model import tiny_model_dir
+from participants.torch_policy import TorchPolicy
+
+
+class UnsteadyServer:
+    """A real model (the torch backend) that, like a GPU server batching other requests, is not
+    bit-deterministic: each instance ("a server after a restart") samples with its own salt."""
+
+    deterministic = False
+    resumes_constrained = True
+
+    def __init__(self, salt: int, delay_s: float = 0.0) -> None:
+        self.inner = TorchPolicy(tiny_model_dir())
+        self.tokenizer, self.policy_version = self.inner.tokenizer, self.inner.policy_version
+        self.salt, self.delay_s = salt, delay_s
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        p = request.params
+        salted = dataclasses.replace(request, params=SamplingParams(p.temperature, p.top_p, p.max_tokens,
+                                                                    (p.seed or 0) ^ self.salt))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)  # a server's round trip: the event loop is free meanwhile
+        async for chunk in self.inner.stream(salted):
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class SharedEnvironments(Runner):
+    """A runner whose environments live outside it, as a resource server's state outlives a
+    crashed worker: the next runner finds them as the crash left them."""
+
+    def __init__(self, *args, environments: dict[str, Environment], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.kept = environments
+
+    def _new_environment(self, spec: RolloutSpec, **kwargs) -> Environment:
+        if spec.rollout_id not in self.kept:
+            self.kept[spec.rollout_id] = super()._new_environment(spec, **kwargs)
+        return self.kept[spec.rollout_id]
+
+    @staticmethod
+    def _rebuild(spec: RolloutSpec, state, env: Environment) -> None:
+        """Nothing to import: the resources kept their state (and idempotency keys) through the crash."""
+
+
+def config_for(tmp_path: Path, durable: str) -> WorkloadConfig:
+    # seed 22: the first server sends a mail (mail.send), the restarted one would delete one (mail.delete):
+    # two different operations on one resource under the same idempotency key
+    return WorkloadConfig(name="dc", groups=1, siblings=1, max_turns=1, environment="workplace", seed=22,
+                          allow_early_submit=False, journal=str(tmp_path / f"journal-{durable}"),
+                          turn_delay_ms=300, durable_model_calls=durable)
+
+
+async def crash_after_the_first_tool_call(config: WorkloadConfig, environments: dict[str, Environment]):
+    """Run until the first turn's tool call has changed the (external) resource, then stop dead
+    before the turn commits, as a SIGKILL would. Returns the action the lost turn took."""
+    (spec,) = workload_specs(config)
+    journal = open_journal(config.journal, writer=config.writer)
+    backend = UnsteadyServer(salt=1)
+    runner = SharedEnvironments(config, journal, backend, backend.tokenizer, environments=environments)
+    run = asyncio.create_task(runner.run(resume=False))
+    while not (spec.rollout_id in environments and any(r.revision for r in environments[spec.rollout_id].resources.values())):
+        assert not run.done(), "the rollout ended without its tool call changing a resource"
+        await asyncio.sleep(0.005)
+    run.cancel()
+    await asyncio.gather(run, return_exceptions=True)
+    journal.close()
+    mutated = [r for r in environments[spec.rollout_id].resources.values() if r.revision]
+    return mutated[0].applied_record(f"{spec.rollout_id}/t0/m0")
+
+
+async def resume(config: WorkloadConfig, environments: dict[str, Environment]):
+    with open_journal(config.journal, writer=config.writer) as journal:
+        backend = UnsteadyServer(salt=2)  # the server restarted: it samples differently now
+        return await SharedEnvironments(config, journal, backend, backend.tokenizer,
+                                        environments=environments).run(resume=True)
+
+
+def journaled(config: WorkloadConfig) -> list:
+    report = ReadReport()
+    with open_journal(config.journal, writer="reader", read_only=True) as journal:
+        return [item.event for item in journal.scan(report)]
+
+
+def test_a_redone_turn_replays_its_journaled_call_so_the_resource_sees_the_same_action(tmp_path: Path) -> None:
+    config = config_for(tmp_path, "auto")  # auto: the backend says it is not bit-deterministic
+    environments: dict[str, Environment] = {}
+    lost = asyncio.run(crash_after_the_first_tool_call(config, environments))
+    report = asyncio.run(resume(config, environments))
+
+    (row,) = report.rollouts.values()
+    assert row.failed is None and row.outcome is not None
+    calls = [e for e in journaled(config) if isinstance(e, ModelCall)]
+    first_turn = [c for c in calls if c.header.turn == 0]
+    assert len(first_turn) == 1 and first_turn[0].header.attempt == 1  # replayed, never sampled again
+    (mutation,) = [e for e in journaled(config) if isinstance(e, ResourceMutation)
+                   and e.idempotency_key == lost.idempotency_key]
+    assert (mutation.op, mutation.args_json) == (lost.op, canonical_json(lost.args))  # what the resource applied
+
+
+def test_without_it_the_resource_refuses_the_other_action_under_the_same_key(tmp_path: Path) -> None:
+    """The caveat itself: the same crash with calls journaled only at the turn's end. The redone
+    turn samples another action on the restarted server, and the resource, which applied the lost
+    turn's action under that idempotency key, refuses it: the rollout fails."""
+    config = config_for(tmp_path, "never")
+    environments: dict[str, Environment] = {}
+    asyncio.run(crash_after_the_first_tool_call(config, environments))
+    report = asyncio.run(resume(config, environments))
+
+    (row,) = report.rollouts.values()
+    assert row.failed is not None and "IdempotencyKeyReuseError" in row.failed
+    assert any(isinstance(e, RolloutFailed) for e in journaled(config))
+
+
+def test_a_slow_server_does_not_serialize_the_rollouts(tmp_path: Path) -> None:
+    """Twelve rollouts whose every call waits 0.3 s on the server: with twelve calls admitted
+    at once, their first turns are all in flight together (no timing asserted: the gate's count)."""
+    config = WorkloadConfig(name="cc", groups=4, siblings=3, max_turns=1, environment="workplace", seed=1,
+                            journal=str(tmp_path / "j"), concurrency=12, journaling=False)
+    config = config.model_copy(update={"model": config.model.model_copy(update={"max_concurrent_calls": 12})})
+    backend = UnsteadyServer(salt=0, delay_s=0.3)
+    runner = Runner(config, None, backend, backend.tokenizer)
+    peak = 0
+
+    async def watch() -> None:
+        nonlocal peak
+        while True:
+            peak = max(peak, runner.model.gate.in_flight)
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        watcher = asyncio.create_task(watch())
+        await runner.run(resume=False)
+        watcher.cancel()
+
+    asyncio.run(scenario())
+    assert peak == 12

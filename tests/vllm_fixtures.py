@@ -1,0 +1,78 @@
+"""One vLLM engine in this process and one vLLM OpenAI-compatible server per test session.
+
+Both load the session's embedded model folder with the settings vLLM's CPU build needs
+(float32, eager, a 1 GiB KV cache, one OpenMP thread, compile caches under the project,
+no usage statistics). The server is ``python -m vllm.entrypoints.openai.api_server``
+on a free port of 127.0.0.1, stopped with SIGINT at the end of the session.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from participants.tiny_model import tiny_model_dir
+from participants.vllm_backend import VllmEngine, vllm_environment
+
+SERVED_NAME = "tiny"
+SERVER_START_TIMEOUT_S = 600.0  # three processes import vLLM; minutes on a loaded 2-core machine
+
+
+@pytest.fixture(scope="session")
+def vllm_engine() -> VllmEngine:
+    return VllmEngine.shared(tiny_model_dir())
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def vllm_server() -> Iterator[str]:
+    """The server's base URL (``http://127.0.0.1:PORT/v1``)."""
+    port = _free_port()
+    env = os.environ | vllm_environment(1.0) | {"OMP_NUM_THREADS": "1"}
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine core as it likes
+    log = tempfile.NamedTemporaryFile("w+", prefix="rj-vllm-server-", suffix=".log", delete=False)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir()),
+         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
+         "--enforce-eager", "--max-model-len", "2048", "--seed", "0"],
+        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"vLLM's server exited with {server.returncode}: {Path(log.name).read_text()[-3000:]}")
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM's server not ready in {SERVER_START_TIMEOUT_S} s: "
+                                   f"{Path(log.name).read_text()[-3000:]}")
+            time.sleep(1)
+        yield f"http://127.0.0.1:{port}/v1"
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGINT)
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+        log.close()
+        os.unlink(log.name)
