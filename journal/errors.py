@@ -125,6 +125,16 @@ class ProducerFencedError(FatalJournalError):
     """A newer producer with the same ``transactional.id`` took over this worker slot."""
 
 
+class PartitionFencedError(ProducerFencedError):
+    """This process may no longer write one partition: the writer of a worker fleet's partition
+    (``<namespace>.p<N>``) was fenced by the worker that took the partition over, or the partition
+    was let go. Only that partition's appends fail; the worker drops its rollouts and goes on."""
+
+    def __init__(self, message: str, partition: int) -> None:
+        super().__init__(message)
+        self.partition = partition
+
+
 class JournalClosedError(JournalError):
     """The journal was closed or failed fatally; no more appends are accepted."""
 

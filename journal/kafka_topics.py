@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 BROKER_DEFAULT = -1  # NewTopic's replication factor: the broker's default.replication.factor
 MIN_ISR = "min.insync.replicas"
+CLIENT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+RECORD_FRAMING_BYTES = 8192  # room for the key, the record and batch framing, and compression's worst case
 _CONFIG_ERROR_CODES = frozenset({
     KafkaError.INVALID_REPLICATION_FACTOR, KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_CONFIG,
     KafkaError.POLICY_VIOLATION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
@@ -99,6 +101,15 @@ def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool)
     for topic, state in states.items():
         states[topic] = _check(admin, settings, wanted[topic], state, brokers, timeout_s)
     return states
+
+
+def record_limits(states: dict[str, TopicState], settings: KafkaSettings) -> tuple[int | None, int]:
+    """(the topics' smallest ``max.message.bytes``, None if unknown; the largest record value the
+    journal may write, which it chunks anything larger to fit): the topics' limit and the
+    client's own, less room for framing."""
+    topic_limits = [state.max_message_bytes for state in states.values() if state.max_message_bytes]
+    client_limit = int(settings.librdkafka.get("message.max.bytes", CLIENT_MESSAGE_MAX_BYTES))
+    return min(topic_limits, default=None), min(*topic_limits, client_limit) - RECORD_FRAMING_BYTES
 
 
 def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[str, str]], timeout_s: float) -> None:

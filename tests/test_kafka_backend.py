@@ -136,7 +136,7 @@ def test_interleaved_reads_on_one_backend_each_see_their_partition(backend: Kafk
     # pooled consumers are reused, not re-created per read
     for _ in range(5):
         assert len(list(backend.read_events(partition_for(a, backend.partitions)))) == 50
-    assert len(backend._all_consumers) <= 2
+    assert backend.readers.open_consumers <= 2
 
 
 # -- atomic batches -------------------------------------------------------------------------------
