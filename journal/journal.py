@@ -15,13 +15,14 @@ from .codec import Codec, peek_seq
 from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
 from .event_chunks import ChunkJoiner, split_event
 from .events import (
-    ROLLOUT_EVENT_TYPES, AttemptStarted, EventChunk, Header, RolloutAcknowledged, RolloutEvent, WorkloadRegistered,
+    ROLLOUT_EVENT_TYPES, AttemptStarted, EventChunk, FenceEntry, FenceHistory, Header, RolloutAcknowledged,
+    RolloutEvent, WorkloadRegistered,
 )
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
 from .snapshots import (
-    SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_key, load_snapshots, snapshot_records, tombstone_records,
-    workload_key,
+    Fence, SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_record, load_snapshots, snapshot_records,
+    tombstone_records, workload_key,
 )
 
 log = logging.getLogger(__name__)
@@ -54,12 +55,14 @@ class ReadReport:
 @dataclass(frozen=True)
 class Cursor:
     """Where to resume reading one rollout: from ``offset`` in its partition,
-    skipping events with ``seq <= after_seq``; ``epoch`` is the fence already known."""
+    skipping events with ``seq <= after_seq``; ``epoch`` is the fence already known,
+    ``history`` every attempt the fence history names, as (epoch, seq of its AttemptStarted)."""
 
     offset: int = 0
     after_seq: int = -1
     epoch: int = 0
     resume_seq: int | None = None  # the fence's AttemptStarted is still ahead: older epochs count below this seq
+    history: tuple[tuple[int, int], ...] = ()
 
 
 class Journal:
@@ -95,6 +98,7 @@ class Journal:
         self._fence_lock = threading.Lock()
         self._committed_end: dict[int, int] = {}  # partition -> end after our last commit (committer thread only)
         self._slots: dict[str, SnapshotSlots] = {}  # rollout -> its two snapshot keys, as this writer knows them
+        self._attempts: dict[str, list[FenceEntry]] = {}  # rollout -> its fence history, as this writer knows it
         self._committer = GroupCommitter(
             backend,
             linger_ms=linger_ms,
@@ -120,8 +124,6 @@ class Journal:
             pieces = split_event(self.codec, event, value, self.max_record_bytes, self.max_event_bytes)
             encoded.extend(OutRecord(Stream.EVENTS, rollout_id, piece, rollout_id, continuation=i > 0)
                            for i, piece in enumerate(pieces))
-            if isinstance(event, AttemptStarted):  # the fence, in the same commit, where restore reads first
-                encoded.append(OutRecord(Stream.SNAPSHOTS, fence_key(rollout_id), value, rollout_id))
         headers = [e.header for e in events] + ([snapshot.header] if snapshot is not None else [])
         with self._fence_lock:
             for header in headers:
@@ -129,8 +131,12 @@ class Journal:
                 if header.epoch < current:
                     raise FencedWriteError(header.rollout_id, header.epoch, current)
             for event in events:
-                if isinstance(event, AttemptStarted):
-                    self._fence.raise_to(event.header.rollout_id, event.header.epoch)
+                if isinstance(event, AttemptStarted):  # the fence history, in the same commit, where restore reads first
+                    h = event.header
+                    self._fence.raise_to(h.rollout_id, h.epoch)
+                    attempts = self._attempts.setdefault(h.rollout_id, [])
+                    attempts.append(FenceEntry(h.attempt, h.epoch, h.seq, h.writer, h.ts_ms))
+                    encoded.append(fence_record(self.codec, FenceHistory(h.rollout_id, list(attempts))))
         if snapshot is None:
             return self._committer.submit(lambda: encoded)
         partition = self.partition_of(snapshot.header.rollout_id)
@@ -142,10 +148,16 @@ class Journal:
         return self.append(events, snapshot).result()
 
     def acknowledge(self, header: Header, acknowledged_by: str) -> Future:
-        """The trainer took a finished rollout: journal that, and tombstone its snapshot."""
+        """The trainer took a finished rollout: journal that, tombstone its snapshots, and mark its
+        fence acknowledged at ``header.epoch`` (kept, so no zombie snapshot brings it back)."""
+        rollout_id = header.rollout_id
         event = RolloutAcknowledged(header, acknowledged_by)
-        encoded = OutRecord(Stream.EVENTS, header.rollout_id, self.codec.encode(event), header.rollout_id)
-        return self._committer.submit(lambda: [encoded, *self._tombstone_records(header.rollout_id)])
+        encoded = OutRecord(Stream.EVENTS, rollout_id, self.codec.encode(event), rollout_id)
+        with self._fence_lock:
+            marker = FenceHistory(rollout_id, list(self._attempts.get(rollout_id, [])), header.epoch)
+        fence = fence_record(self.codec, marker)
+        return self._committer.submit(
+            lambda: [encoded, *tombstone_records(rollout_id, self._slots.pop(rollout_id, None), keep_fence=True), fence])
 
     def register_workload(self, registration: WorkloadRegistered) -> Future:
         """Record a workload (its spec and rollout ids) in the compacted stream; the newest wins."""
@@ -154,21 +166,27 @@ class Journal:
         return self._committer.submit(lambda: [record])
 
     def tombstone(self, rollout_id: str) -> Future:
-        """Drop a rollout's snapshot (and blob chunks) from the compacted stream."""
-        return self._committer.submit(lambda: self._tombstone_records(rollout_id))
+        """Drop everything a rollout holds in the compacted stream: snapshots, blob chunks, fence."""
+        with self._fence_lock:
+            self._attempts.pop(rollout_id, None)
+        return self._committer.submit(lambda: tombstone_records(rollout_id, self._slots.pop(rollout_id, None)))
 
     def note_epoch(self, rollout_id: str, epoch: int) -> None:
         """Tell the writer-side fence an epoch learned by reading (restore)."""
         with self._fence_lock:
             self._fence.raise_to(rollout_id, epoch)
 
+    def note_fence(self, rollout_id: str, fence: Fence) -> None:
+        """Tell the writer a rollout's fence history (restore learns it), so the next attempt's fence
+        record keeps every earlier attempt, and appends of older epochs are refused."""
+        with self._fence_lock:
+            self._fence.raise_to(rollout_id, fence.epoch)
+            self._attempts[rollout_id] = list(fence.history)
+
     def note_snapshot_slots(self, rollout_id: str, slots: SnapshotSlots) -> None:
         """Tell the writer what a rollout's snapshot keys hold (restore learns it), so the next snapshot
         overwrites the older one and superseded blobs are tombstoned."""
         self._slots[rollout_id] = slots
-
-    def _tombstone_records(self, rollout_id: str) -> list[OutRecord]:
-        return tombstone_records(rollout_id, self._slots.pop(rollout_id, None))
 
     def _snapshot_records(self, draft: SnapshotDraft) -> list[OutRecord]:
         # Runs in the committer thread: no event of this rollout newer than
@@ -266,6 +284,7 @@ class Journal:
             fence = EpochFence()
             for rollout_id, cursor in wanted.items():
                 fence.raise_to(rollout_id, cursor.epoch, cursor.resume_seq)
+                fence.learn(rollout_id, dict(cursor.history))
             start = min(c.offset for c in wanted.values())
             chunks = ChunkJoiner(self.max_event_bytes)
             for stored in self.backend.read_events(partition, start):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import RecordLocation, SnapshotsLostError
 from .events import WorkloadRegistered
@@ -37,11 +37,12 @@ class RolloutHistory:
 
 @dataclass
 class RestorePlan:
-    rollouts: dict[str, RolloutHistory]
+    rollouts: dict[str, RolloutHistory]  # every rollout to restore: unfinished, or finished and not acknowledged
     workloads: dict[str, WorkloadRegistered]
     report: ReadReport
     seconds: float
     events_replayed: int
+    acknowledged: dict[str, Fence] = field(default_factory=dict)  # the trainer took these: nothing to restore
 
 
 def load_rollouts(journal: Journal, report: ReadReport | None = None) -> RestorePlan:
@@ -52,15 +53,21 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
     report.errors.extend(index.errors)
     cursors: dict[str, Cursor] = {}
     histories: dict[str, RolloutHistory] = {}
+    acknowledged: dict[str, Fence] = {}
     for rollout_id in index.snapshots.keys() | index.fences.keys():
         loaded, fence = index.snapshots.get(rollout_id), index.fences.get(rollout_id)
+        if fence is not None:
+            journal.note_fence(rollout_id, fence)
+        if fence is not None and fence.acknowledged:
+            acknowledged[rollout_id] = fence
+            continue
         histories[rollout_id] = RolloutHistory(rollout_id, loaded, fence=fence)
         if rollout_id in index.slots:
             journal.note_snapshot_slots(rollout_id, index.slots[rollout_id])
         if _final(loaded, fence):
             continue  # nothing of it follows its snapshot, so it must not pin where the read starts
         cursors[rollout_id] = _cursor(rollout_id, loaded, fence)
-    for rollout_id in _rollouts_only_the_log_names(journal, set(histories)):
+    for rollout_id in _rollouts_only_the_log_names(journal, set(histories) | set(acknowledged)):
         log.warning("rollout %s is missing from the damaged snapshot stream; replaying it from its first event",
                     rollout_id)
         histories[rollout_id] = RolloutHistory(rollout_id, None)
@@ -69,7 +76,7 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
     for item in journal.read_rollouts(cursors, report):
         histories[item.event.header.rollout_id].events.append(item)
         replayed += 1
-    return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed)
+    return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed, acknowledged)
 
 
 def reload_rollout(journal: Journal, rollout_id: str, exclude: Collection[RecordLocation],
@@ -103,6 +110,8 @@ def _cursor(rollout_id: str, loaded: LoadedSnapshot | None, fence: Fence | None)
         cursor = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
     if fence is not None and fence.epoch > cursor.epoch:  # its AttemptStarted lies ahead of the cursor
         cursor = Cursor(cursor.offset, cursor.after_seq, fence.epoch, resume_seq=fence.seq)
+    if fence is not None:
+        cursor = replace(cursor, history=tuple(fence.starts().items()))
     return cursor
 
 

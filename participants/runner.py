@@ -163,20 +163,26 @@ class Runner:
         self.restore = report.restore
         started = time.perf_counter()
         histories: dict[str, RolloutHistory] = {}
+        acknowledged: set[str] = set()
         registration: WorkloadRegistered | None = None
         specs = workload_specs(self.config)
         if self.journal is not None:
             plan = load_rollouts(self.journal)
-            histories = plan.rollouts
+            histories, acknowledged = plan.rollouts, set(plan.acknowledged)
             registration = plan.workloads.get(self.config.name)
             report.restore.read_s, report.events_replayed = plan.seconds, plan.events_replayed
             report.read_errors = [str(e) for e in plan.report.errors]
-            if not resume and (registration is not None or {s.rollout_id for s in specs} & histories.keys()):
+            if not resume and (registration is not None
+                               or {s.rollout_id for s in specs} & (histories.keys() | acknowledged)):
                 raise ConfigurationError(
                     f"journal {self.config.journal} already holds workload {self.config.name!r}; "
                     "use `rollout-journal resume` to continue it, or point --journal at a fresh location"
                 )
         registered = set(registration.rollout_ids) if registration is not None else set()
+        if registration is not None and not registration.acknowledgement_markers:
+            # Written before acknowledgement kept a marker: a registered rollout gone from the snapshot
+            # stream was acknowledged (the registration followed its first commit).
+            acknowledged |= registered - histories.keys()
         restored: dict[str, tuple[RolloutHistory, RolloutState]] = {}
         folding = time.perf_counter()
         for spec in specs:  # every state first: nothing starts before the topology is checked
@@ -195,8 +201,7 @@ class Runner:
             history = histories.get(spec.rollout_id)
             if spec.rollout_id in report.rollouts:
                 continue  # set aside above
-            if history is None and spec.rollout_id in registered:
-                # Registered, yet gone from the snapshot stream: the trainer acknowledged it.
+            if spec.rollout_id in acknowledged:  # the trainer took it: nothing to run or offer
                 report.rollouts[spec.rollout_id] = RolloutReport(spec.rollout_id, 0, 0, 0, False, False,
                                                                  acknowledged=True)
                 continue
@@ -221,7 +226,7 @@ class Runner:
         stale_registration = registration is not None and registration.topology != self.config.topology()
         if self.journal is not None and self.config.journaling and (
                 registered != {s.rollout_id for s in specs} or stale_registration):
-            await self._register_workload(specs)  # after the first commits: a registered rollout has a snapshot
+            await self._register_workload(specs, registration)  # after the first commits: each has a fence
         semaphore = asyncio.Semaphore(self.config.concurrency)
 
         async def drive(live: LiveRollout) -> None:
@@ -274,13 +279,15 @@ class Runner:
                     log.error("rollout task also failed: %r", other)
             raise first from None
 
-    async def _register_workload(self, specs: list[RolloutSpec]) -> None:
-        """Record the workload and every rollout id it holds. From then on a registered
-        rollout missing from the snapshot stream was acknowledged, and a rollout of the
-        workload that is not registered (the workload grew) has never started."""
+    async def _register_workload(self, specs: list[RolloutSpec], previous: WorkloadRegistered | None) -> None:
+        """Record the workload and every rollout id it holds. An acknowledged rollout keeps its fence,
+        marked, in the snapshot stream, so a registered rollout missing from it has never started;
+        a journal registered before that (``previous`` without ``acknowledgement_markers``) keeps
+        reading a missing registered rollout as acknowledged."""
+        markers = previous is None or previous.acknowledgement_markers
         registration = WorkloadRegistered(
             self.config.name, self.config.model_dump_json(), [s.rollout_id for s in specs],
-            self.config.topology(), Header.now_ms(), self.config.writer)
+            self.config.topology(), Header.now_ms(), self.config.writer, markers)
         await durable(self.journal.register_workload(registration))
 
     def _new_environment(self, spec: RolloutSpec) -> Environment:
