@@ -31,6 +31,7 @@ from .errors import (
     RolloutJournalError,
     SnapshotsLostError,
     UnknownSchemaError,
+    UnstableReadError,
     WriterLockedError,
     writer_fenced,
 )
@@ -136,6 +137,7 @@ __all__ = [
     "Stream",
     "TurnCompleted",
     "UnknownSchemaError",
+    "UnstableReadError",
     "WorkloadRegistered",
     "WriterLockedError",
     "is_kafka_url",

@@ -67,7 +67,7 @@ class KafkaBackend(Backend):
         self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
         self._topic_max_bytes: int | None = None
         self._closed = False
-        self.readers = ReaderPool(settings)
+        self.readers = ReaderPool(settings, stable=transactional)  # a writer's restore never reads a stale prefix
         self.writer: KafkaWriter | None = None
         if transactional and settings.transactional_id is None:
             raise ConfigurationError(

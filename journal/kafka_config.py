@@ -129,6 +129,9 @@ class KafkaSettings(BaseModel):
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
     operation_timeout_ms: int = Field(30_000, ge=100)
     """Bound on admin requests, offset queries and a read that makes no progress."""
+    stable_read_timeout_ms: int = Field(10_000, ge=0)
+    """How long a writer's read (restore) waits for another producer's open transaction to end before
+    it refuses, naming the partition, rather than read a prefix that lacks later commits."""
 
     librdkafka: dict[str, str] = Field(default_factory=dict)
 

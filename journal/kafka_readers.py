@@ -5,10 +5,18 @@ offsets are not contiguous (transaction markers, aborted records). A read borrow
 a consumer, assigns it, and returns it unassigned, so concurrent or interleaved
 reads each get their own.
 
-Reads see every commit this backend's writers have returned from (read-your-writes):
+Where a read ends: a read_committed consumer sees a partition up to its last
+stable offset (LSO), the first offset of the oldest transaction still open on it.
+Another producer's open transaction therefore hides everything committed after
+it began, by anyone. A pool built for a writer (``stable=True``: what restore
+reads before a worker writes) never returns such a prefix: it reads each
+partition to the high watermark seen when the read starts, waiting until the LSO
+reaches it, and refuses with :class:`UnstableReadError`, naming the partition,
+once ``settings.stable_read_timeout_ms`` passes. A pool for tools and readers
+(``stable=False``) reads to the LSO and never waits on another's transaction,
+but still sees every commit of its own backend (read-your-writes:
 ``commit_transaction`` returns before the broker writes the commit markers, so a
-read waits (milliseconds) until the last stable offset covers them. Another
-writer's commit becomes visible once its markers are written.
+read waits milliseconds until the LSO covers them).
 """
 
 from __future__ import annotations
@@ -23,7 +31,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from .backend import StoredRecord
-from .errors import JournalClosedError, JournalError, RecordLocation
+from .errors import JournalClosedError, JournalError, RecordLocation, UnstableReadError
 from .kafka_clients import base_config, close_client, describe, kafka_error, new_client, on_client_error, transient
 from .kafka_config import KafkaSettings
 
@@ -39,13 +47,16 @@ _READ_QUEUE_BACKOFF_MS = 10
 class ReaderPool:
     """Pooled read_committed consumers of one namespace's topics."""
 
-    def __init__(self, settings: KafkaSettings) -> None:
+    def __init__(self, settings: KafkaSettings, *, stable: bool = False) -> None:
         self.settings = settings
+        self.stable = stable
         self._group = f"rollout-journal-reader-{settings.namespace}-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Lock()
         self._idle: list[Consumer] = []
         self._all: list[Consumer] = []
         self._closed = False
+        self._high_marks: Consumer | None = None  # read_uncommitted: asks for high watermarks only
+        self._high_lock = threading.Lock()
         # Read-your-writes: the end of this backend's last commit per (topic, partition).
         self._committed_end: dict[tuple[str, int], int] = {}
 
@@ -53,13 +64,13 @@ class ReaderPool:
     def open_consumers(self) -> int:
         return len(self._all)
 
-    def consumer_config(self) -> dict[str, Any]:
+    def consumer_config(self, isolation: str = "read_committed") -> dict[str, Any]:
         """A reader consumer's librdkafka config (passthrough applied)."""
         cfg = base_config(self.settings, self.settings.transactional_id or "reader", "reader")
         cfg.update({
             # librdkafka requires a group id; readers are assigned, never join it, never commit.
             "group.id": self._group,
-            "isolation.level": "read_committed",
+            "isolation.level": isolation,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "enable.partition.eof": True,
@@ -121,6 +132,10 @@ class ReaderPool:
                 return
             self._closed = True
             consumers, self._all, self._idle = self._all, [], []
+        with self._high_lock:
+            if self._high_marks is not None:
+                consumers.append(self._high_marks)
+                self._high_marks = None
         for consumer in consumers:
             close_client(consumer)
 
@@ -174,6 +189,39 @@ class ReaderPool:
             low, end = self._watermarks(consumer, topic, partition)
         return low, end
 
+    def _high_watermark(self, topic: str, partition: int) -> int:
+        """The partition's high watermark: the end of its log, open transactions included."""
+        with self._high_lock:
+            if self._closed:
+                raise JournalClosedError(f"Kafka readers of namespace {self.settings.namespace} are closed")
+            if self._high_marks is None:
+                self._high_marks = new_client(Consumer, self.consumer_config("read_uncommitted"), "consumer")
+            return self._watermarks(self._high_marks, topic, partition)[1]
+
+    def _settled_marks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+        """(log start, high watermark seen now), once every record below that watermark is decided
+        (the LSO reached it); ``UnstableReadError`` if an open transaction holds it back too long."""
+        high = self._high_watermark(topic, partition)
+        low, stable = self._watermarks(consumer, topic, partition)
+        if stable >= high:
+            return low, high
+        bound_s = self.settings.stable_read_timeout_ms / 1000
+        deadline = time.monotonic() + bound_s
+        delay = 0.002
+        while stable < high:
+            if time.monotonic() > deadline:
+                raise UnstableReadError(topic, partition, stable, high, bound_s)
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
+            low, stable = self._watermarks(consumer, topic, partition)
+        return low, high
+
+    def _read_marks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
+        """(log start, where a read of the partition ends): see the module docstring."""
+        if self.stable:
+            return self._settled_marks(consumer, topic, partition)
+        return self._stable_marks(consumer, topic, partition)
+
     def end_offset(self, topic: str, partition: int) -> int:
         """The last stable offset of a partition: the next committed record's offset is at least this."""
         consumer = self._acquire()
@@ -194,7 +242,7 @@ class ReaderPool:
             next_offset: dict[int, int] = {}
             assignment: list[TopicPartition] = []
             for p in partitions:
-                low, end = self._stable_marks(consumer, topic, p)
+                low, end = self._read_marks(consumer, topic, p)
                 start = low if from_offset is None else from_offset
                 if start < low:
                     raise JournalError(

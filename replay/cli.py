@@ -20,6 +20,7 @@ from journal.errors import (
     NotInJournalError,
     ProducerFencedError,
     RolloutJournalError,
+    UnstableReadError,
     WriterLockedError,
     writer_fenced,
 )
@@ -67,7 +68,8 @@ def _error_classes() -> list[tuple[tuple[type[BaseException], ...], int]]:
         ((ConfigurationError, UnknownEnvironmentError, NotInJournalError), EXIT_INPUT),
         ((WriterLockedError, ProducerFencedError, FencedWriteError), EXIT_WRITER_TAKEN),
         ((CorruptRecordError, JournalDamageError, StateFoldError), EXIT_JOURNAL_DAMAGED),
-        ((FatalJournalError, JournalClosedError, AbortableCommitError, OSError), EXIT_JOURNAL_FAILED),
+        ((FatalJournalError, JournalClosedError, AbortableCommitError, UnstableReadError, OSError),
+         EXIT_JOURNAL_FAILED),
         ((RolloutJournalError,), EXIT_OTHER),
     ]
 
