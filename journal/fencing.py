@@ -75,6 +75,10 @@ class EpochFence:
         if epoch > self._epochs.get(rollout_id, 0):
             self._epochs[rollout_id] = epoch
 
+    def forget(self, rollout_id: str) -> None:
+        self._epochs.pop(rollout_id, None)
+        self._starts.pop(rollout_id, None)
+
     def admit(self, event: RolloutEvent) -> bool:
         """True if ``event`` stands; an ``AttemptStarted`` makes its epoch known first."""
         header = event.header

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import cast
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
-from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
+from .errors import ConfigurationError, CorruptRecordError, FencedWriteError, JournalError, RecordLocation
 from .event_chunks import ChunkJoiner, split_event
 from .events import (
     ROLLOUT_EVENT_TYPES, AttemptStarted, EventChunk, FenceEntry, FenceHistory, Header, RolloutAcknowledged,
@@ -210,6 +210,27 @@ class Journal:
         """Wait until everything appended so far is durable."""
         self._committer.submit(lambda: []).result()
 
+    # -- partition ownership (a worker fleet's backend) ---------------------------------------
+    def take_partition(self, partition: int) -> None:
+        """Become the only writer of ``partition``: the backend fences its previous owner and ends
+        that owner's open transaction. Restore the partition's rollouts after this, never before."""
+        take = getattr(self.backend, "take_partition", None)
+        if take is None:
+            raise ConfigurationError(f"a {self.backend.kind} journal has one writer; partitions cannot be taken")
+        take(partition)
+        self._committed_end.pop(partition, None)  # the next snapshot asks where the partition ends now
+
+    def release_partition(self, partition: int) -> None:
+        """Stop writing ``partition`` (its rollouts were stopped and their appends are durable) and
+        forget what this writer knew of its rollouts: whoever takes it next restores them."""
+        self.backend.release_partition(partition)  # type: ignore[attr-defined]
+        with self._fence_lock:
+            for rollout_id in [r for r in self._attempts if self.partition_of(r) == partition]:
+                del self._attempts[rollout_id]
+                self._fence.forget(rollout_id)
+        for rollout_id in [r for r in self._slots if self.partition_of(r) == partition]:
+            self._slots.pop(rollout_id, None)
+
     def close(self) -> None:
         self._committer.close()
         self.backend.close()
@@ -333,9 +354,10 @@ class Journal:
             for exc in chunks.unfinished():
                 self._report(exc, report)
 
-    def snapshots(self) -> SnapshotIndex:
-        """Newest valid snapshot of every rollout still in the compacted stream."""
-        index = load_snapshots(self.codec, self.backend.read_snapshots())
+    def snapshots(self, partitions: Collection[int] | None = None) -> SnapshotIndex:
+        """Newest valid snapshot of every rollout still in the compacted stream (on ``partitions``
+        only, if given), with every fence and workload registration found there."""
+        index = load_snapshots(self.codec, self.backend.read_snapshots(partitions))
         for exc in index.errors:
             log.warning("%s", exc)
         return index

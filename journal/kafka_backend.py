@@ -29,6 +29,15 @@ running worker). ``commit`` then uses a plain idempotent ``acks=all`` producer:
 every record is durable once ``commit`` returns, but a crash mid-batch can leave
 a prefix of it, so it is for tools and benchmarks, never for rollout workers.
 
+``partition_writers=True`` is a worker fleet's backend (Kafka Streams' original
+exactly-once): no slot producer, but one transactional producer per partition the
+worker owns, ``transactional.id = <namespace>.p<N>``. :meth:`KafkaBackend.take_partition`
+opens it with ``init_transactions``, which fences the partition's previous owner
+and aborts its open transaction, so the partition's last stable offset reaches its
+end before restore reads it. A commit is one transaction per partition
+(:meth:`KafkaBackend.commit_partitions`): a partition whose writer was fenced (another
+worker took it) fails alone with ``PartitionFencedError``.
+
 Reads see every commit this backend has returned from (read-your-writes).
 librdkafka logs go to the ``journal.kafka.librdkafka`` logger.
 """
@@ -36,13 +45,15 @@ librdkafka logs go to the ``journal.kafka.librdkafka`` logger.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from .backend import Backend, OutRecord, StoredRecord, Stream
-from .errors import ConfigurationError, JournalClosedError, RecordLocation
+from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
+from .errors import ConfigurationError, JournalClosedError, JournalError, PartitionFencedError, RecordLocation
 from .kafka_clients import base_config, new_client, on_client_error
 from .kafka_config import KafkaSettings
 from .kafka_readers import ReaderPool
@@ -57,38 +68,47 @@ class KafkaBackend(Backend):
 
     kind = "kafka"
 
-    def __init__(self, settings: KafkaSettings, *, create_topics: bool = True, transactional: bool = True) -> None:
+    def __init__(self, settings: KafkaSettings, *, create_topics: bool = True, transactional: bool = True,
+                 partition_writers: bool = False) -> None:
         self.settings = settings
         self.partitions = settings.partitions
-        self.transactional = transactional
+        self.transactional = transactional or partition_writers
+        self.writes_per_partition = partition_writers
         self.events_topic = settings.events_topic
         self.snapshots_topic = settings.snapshots_topic
         self._topics = {Stream.EVENTS: self.events_topic, Stream.SNAPSHOTS: self.snapshots_topic}
         self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
         self._topic_max_bytes: int | None = None
         self._closed = False
-        self.readers = ReaderPool(settings, stable=transactional)  # a writer's restore never reads a stale prefix
-        self.writer: KafkaWriter | None = None
-        if transactional and settings.transactional_id is None:
+        # A writer's restore never reads a stale prefix.
+        self.readers = ReaderPool(settings, stable=self.transactional)
+        self.writer: KafkaWriter | None = None  # the slot's, or the plain one; None with partition writers
+        self._owned: dict[int, KafkaWriter] = {}  # partition -> its writer <namespace>.p<N>
+        self._owned_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # commits of several partitions run side by side
+        if transactional and not partition_writers and settings.transactional_id is None:
             raise ConfigurationError(
                 "KafkaSettings.transactional_id is required to commit (the worker's slot name, e.g. "
                 "ROLLOUT_JOURNAL_KAFKA_TRANSACTIONAL_ID=worker-0); open with transactional=False to only read"
             )
         try:
             self._prepare_topics(create_topics)
-            self.writer = self._new_writer(settings.producer_transactional_id if transactional else None)
-            self.writer.open()
+            if not partition_writers:
+                self.writer = self._new_writer(settings.producer_transactional_id if transactional else None)
+                self.writer.open()
         except BaseException:
             self.close()
             raise
 
     def __repr__(self) -> str:
-        return f"KafkaBackend({self.settings!r}, transactional={self.transactional})"
+        mode = "partition_writers=True" if self.writes_per_partition else f"transactional={self.transactional}"
+        return f"KafkaBackend({self.settings!r}, {mode})"
 
     @property
     def transactional_id(self) -> str | None:
-        """The producer's ``transactional.id``: ``<namespace>.<slot>`` (see ``KafkaSettings.producer_transactional_id``)."""
-        return self.settings.producer_transactional_id if self.transactional else None
+        """The producer's ``transactional.id``: ``<namespace>.<slot>`` (see ``KafkaSettings.producer_transactional_id``);
+        None for a reader, and for a fleet's backend (one id per owned partition)."""
+        return self.writer.transactional_id if self.writer is not None else None
 
     # -- client configuration --------------------------------------------------------------
 
@@ -130,6 +150,9 @@ class KafkaBackend(Backend):
 
     def _writer(self) -> KafkaWriter:
         if self.writer is None:
+            if self.writes_per_partition and not self._closed:
+                raise ConfigurationError("this backend writes through one producer per owned partition: "
+                                         "take_partition() first, and commit one partition's records at a time")
             raise JournalClosedError(f"Kafka backend for {self.events_topic} is closed")
         return self.writer
 
@@ -144,7 +167,7 @@ class KafkaBackend(Backend):
         for record in records:
             if record.value is None and record.stream is Stream.EVENTS:  # as the file backend: readers would choke
                 raise ValueError(f"event record {record.key!r} has no value; only snapshots take tombstones")
-        return self._writer().commit(records)
+        return self._writer_for(records).commit(records)
 
     def stage(self, records: Sequence[OutRecord]) -> StagedCommit:
         """Begin a transaction and produce ``records`` with every delivery confirmed, without committing.
@@ -153,7 +176,90 @@ class KafkaBackend(Backend):
         backend wait until then. Raises like :meth:`commit` when producing fails.
         """
         self._check_open()
-        return self._writer().stage(records)
+        return self._writer_for(records).stage(records)
+
+    def _writer_for(self, records: Sequence[OutRecord]) -> KafkaWriter:
+        """The slot's writer; with partition writers, that of the one partition ``records`` are on."""
+        if not self.writes_per_partition:
+            return self._writer()
+        partitions = {partition_for(r.partition_key, self.partitions) for r in records}
+        if len(partitions) != 1:
+            raise ValueError(f"records on partitions {sorted(partitions)}: a fleet's backend commits one partition's "
+                             "records per transaction (commit_partitions splits a batch)")
+        return self._owned_writer(partitions.pop())
+
+    # -- partition ownership (a worker fleet) -----------------------------------------------
+
+    @property
+    def owned_partitions(self) -> set[int]:
+        with self._owned_lock:
+            return set(self._owned)
+
+    def take_partition(self, partition: int) -> None:
+        """Become ``partition``'s only writer: open its producer ``<namespace>.p<N>`` with
+        ``init_transactions``, which fences the previous owner and aborts (or completes) its open
+        transaction. Blocks until done. Restore the partition's rollouts after this, never before."""
+        if not self.writes_per_partition:
+            raise ConfigurationError("take_partition() needs a backend opened with partition_writers=True")
+        self._check_partition(partition)
+        self._check_open()
+        writer = self._new_writer(self.settings.partition_transactional_id(partition), partition)
+        writer.open()
+        with self._owned_lock:
+            if self._closed:
+                closing, previous = writer, None
+            else:
+                closing, previous = None, self._owned.get(partition)
+                self._owned[partition] = writer
+        for stale in (closing, previous):
+            if stale is not None:
+                stale.close()
+        if closing is not None:
+            raise JournalClosedError(f"Kafka backend for {self.events_topic} is closed")
+
+    def release_partition(self, partition: int) -> None:
+        """Stop writing ``partition``: flush and close its producer (its commits so far are durable).
+        Later commits to it fail with ``PartitionFencedError``. Idempotent."""
+        with self._owned_lock:
+            writer = self._owned.pop(partition, None)
+        if writer is not None:
+            writer.close()
+
+    def _owned_writer(self, partition: int) -> KafkaWriter:
+        with self._owned_lock:
+            writer = self._owned.get(partition)
+        if writer is None:
+            self._check_open()
+            raise PartitionFencedError(
+                f"partition {partition} of {self.events_topic} is not this worker's (never taken, or let go): "
+                "its appends are refused", partition)
+        return writer
+
+    def commit_partitions(
+        self, batches: Mapping[int, Sequence[OutRecord]]
+    ) -> dict[int, list[RecordLocation] | BaseException]:
+        """One transaction per partition, side by side; per partition, its locations or the error
+        that failed it (``PartitionFencedError``: the partition is another worker's now;
+        ``AbortableCommitError``: redo it; ``FatalJournalError``: stop)."""
+        if not self.writes_per_partition:
+            return super().commit_partitions(batches)
+        self._check_open()
+
+        def one(partition: int) -> list[RecordLocation] | BaseException:
+            try:
+                return self.commit(batches[partition])
+            except (JournalError, ValueError) as exc:
+                return exc
+
+        partitions = [p for p, records in batches.items() if records]
+        out: dict[int, list[RecordLocation] | BaseException] = {p: [] for p, records in batches.items() if not records}
+        if len(partitions) <= 1:
+            out.update({p: one(p) for p in partitions})
+            return out
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=min(8, self.partitions), thread_name_prefix="partition-commit")
+        out.update(zip(partitions, self._pool.map(one, partitions)))
+        return out
 
     def _check_open(self) -> None:
         if self._closed:
@@ -179,21 +285,30 @@ class KafkaBackend(Backend):
         self._check_open()
         return self.readers.read(self.events_topic, [partition], from_offset)
 
-    def read_snapshots(self) -> Iterator[StoredRecord]:
-        """Every retained snapshot record (tombstones as value None), in log order per partition."""
+    def read_snapshots(self, partitions: Collection[int] | None = None) -> Iterator[StoredRecord]:
+        """Every retained snapshot record (tombstones as value None) of ``partitions`` (None: all),
+        in log order per partition."""
         self._check_open()
-        return self.readers.read(self.snapshots_topic, list(range(self.partitions)), None)
+        wanted = list(range(self.partitions)) if partitions is None else sorted(partitions)
+        for partition in wanted:
+            self._check_partition(partition)
+        return self.readers.read(self.snapshots_topic, wanted, None)
 
     # -- lifecycle ------------------------------------------------------------------------
 
     def close(self) -> None:
         """Flush and close the producer and every consumer. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        writer, self.writer = self.writer, None
-        if writer is not None:
-            writer.close()
+        with self._owned_lock:
+            if self._closed:
+                return
+            self._closed = True
+            writers, self._owned = [self.writer, *self._owned.values()], {}
+        self.writer = None
+        for writer in writers:
+            if writer is not None:
+                writer.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self.readers.close()
 
 

@@ -226,6 +226,16 @@ class KafkaSettings(BaseModel):
         so a single worker's slot should not be named ``p<N>``."""
         return None if self.transactional_id is None else f"{self.namespace}.{self.transactional_id}"
 
+    def partition_transactional_id(self, partition: int) -> str:
+        """``<namespace>.p<N>``: the ``transactional.id`` of whichever worker of a fleet owns partition N.
+        Taking the partition runs ``init_transactions`` with it, which fences the previous owner."""
+        return f"{self.namespace}.p{partition}"
+
+    @property
+    def group_id(self) -> str:
+        """``<namespace>.workers``: the consumer group whose assignment says which worker owns which partition."""
+        return f"{self.namespace}.workers"
+
     # -- secrets stay out of repr/str/logs ---------------------------------------------------
 
     def __repr_args__(self) -> Any:

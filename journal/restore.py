@@ -45,11 +45,13 @@ class RestorePlan:
     acknowledged: dict[str, Fence] = field(default_factory=dict)  # the trainer took these: nothing to restore
 
 
-def load_rollouts(journal: Journal, report: ReadReport | None = None) -> RestorePlan:
-    """Every rollout still in the snapshot stream, with the events since its snapshot."""
+def load_rollouts(journal: Journal, report: ReadReport | None = None, *,
+                  partitions: Collection[int] | None = None) -> RestorePlan:
+    """Every rollout still in the snapshot stream (on ``partitions`` only, if given: what a fleet's
+    worker owns), with the events since its snapshot."""
     started = time.perf_counter()
     report = report if report is not None else ReadReport()
-    index = journal.snapshots()
+    index = journal.snapshots(partitions)
     report.errors.extend(index.errors)
     cursors: dict[str, Cursor] = {}
     histories: dict[str, RolloutHistory] = {}
@@ -67,7 +69,7 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
         if _final(loaded, fence):
             continue  # nothing of it follows its snapshot, so it must not pin where the read starts
         cursors[rollout_id] = _cursor(rollout_id, loaded, fence)
-    for rollout_id in _rollouts_only_the_log_names(journal, set(histories) | set(acknowledged)):
+    for rollout_id in _rollouts_only_the_log_names(journal, set(histories) | set(acknowledged), partitions):
         log.warning("rollout %s is missing from the damaged snapshot stream; replaying it from its first event",
                     rollout_id)
         histories[rollout_id] = RolloutHistory(rollout_id, None)
@@ -115,7 +117,7 @@ def _cursor(rollout_id: str, loaded: LoadedSnapshot | None, fence: Fence | None)
     return cursor
 
 
-def _rollouts_only_the_log_names(journal: Journal, known: set[str]) -> list[str]:
+def _rollouts_only_the_log_names(journal: Journal, known: set[str], partitions: Collection[int] | None) -> list[str]:
     """When the backend lost part of the snapshot stream (a file journal's missing snapshot
     generation), the stream no longer lists every rollout, but the event log, keyed by
     rollout, still does: one pass over the keys, nothing decoded. An acknowledged rollout is
@@ -124,6 +126,6 @@ def _rollouts_only_the_log_names(journal: Journal, known: set[str]) -> list[str]
     if not any(isinstance(damage, SnapshotsLostError) for damage in journal.backend.damage()):
         return []
     named: set[str] = set()
-    for partition in range(journal.backend.partitions):
+    for partition in range(journal.backend.partitions) if partitions is None else sorted(partitions):
         named.update(record.key for record in journal.backend.read_events(partition, 0) if record.error is None)
     return sorted(named - known)
