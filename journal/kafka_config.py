@@ -129,6 +129,13 @@ class KafkaSettings(BaseModel):
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
     operation_timeout_ms: int = Field(30_000, ge=100)
     """Bound on admin requests, offset queries and a read that makes no progress."""
+    group_protocol: Literal["classic", "consumer"] = "classic"
+    """The worker group's rebalance protocol. ``classic`` (with ``cooperative-sticky``) lets the
+    client set the session timeout below; ``consumer`` (KIP-848) takes it from the broker's group
+    config (45 s by default). See docs/design-notes.md for the measured failover of each."""
+    group_session_timeout_ms: int = Field(6_000, ge=1_000)
+    """Classic protocol: a worker silent for this long loses its partitions to the others (the
+    broker's ``group.min.session.timeout.ms``, 6 s by default, is the floor)."""
     stable_read_timeout_ms: int = Field(10_000, ge=0)
     """How long a writer's read (restore) waits for another producer's open transaction to end before
     it refuses, naming the partition, rather than read a prefix that lacks later commits."""
