@@ -16,6 +16,7 @@ from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec
 from .errors import (
     AbortableCommitError,
+    ClusterUnreachableError,
     ConfigurationError,
     CorruptRecordError,
     FatalJournalError,
@@ -89,6 +90,7 @@ __all__ = [
     "BlobChunk",
     "BlobRef",
     "ChainHead",
+    "ClusterUnreachableError",
     "Codec",
     "ConfigurationError",
     "CorruptRecordError",

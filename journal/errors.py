@@ -109,6 +109,10 @@ class OversizedEventError(JournalError):
         self.limit = limit
 
 
+class ClusterUnreachableError(JournalError):
+    """No broker of the Kafka cluster answered in time (wrong address, cluster down, network)."""
+
+
 class UnstableReadError(JournalError):
     """An open transaction of another producer held a partition's last stable offset below its
     high watermark for longer than the bound: a read_committed read would have returned a prefix

@@ -21,8 +21,8 @@ from .events import (
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
 from .snapshots import (
-    Fence, SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_record, load_snapshots, snapshot_records,
-    tombstone_records, workload_key,
+    LEGACY_WORKLOAD_PREFIX, WORKLOAD_SUFFIX, Fence, SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_record,
+    load_snapshots, snapshot_records, tombstone_records, workload_key,
 )
 
 log = logging.getLogger(__name__)
@@ -354,6 +354,13 @@ class Journal:
             for exc in chunks.unfinished():
                 self._report(exc, report)
 
+    def follow_workloads(self) -> "WorkloadFeed":
+        """The workload registrations as they are committed (a fleet's workers pick them up)."""
+        follow = getattr(self.backend, "follow_snapshots", None)
+        if follow is None:
+            raise ConfigurationError(f"a {self.backend.kind} journal cannot be followed; a fleet shares a Kafka namespace")
+        return WorkloadFeed(self.codec, follow())
+
     def snapshots(self, partitions: Collection[int] | None = None) -> SnapshotIndex:
         """Newest valid snapshot of every rollout still in the compacted stream (on ``partitions``
         only, if given), with every fence and workload registration found there."""
@@ -361,3 +368,20 @@ class Journal:
         for exc in index.errors:
             log.warning("%s", exc)
         return index
+
+
+class WorkloadFeed:
+    """New workload registrations, as they are committed to the snapshot stream."""
+
+    def __init__(self, codec: Codec, follower: object) -> None:
+        self._codec = codec
+        self._follower = follower
+
+    def poll(self) -> dict[str, WorkloadRegistered]:
+        """The registrations committed since the last poll (the first: all), newest per workload."""
+        records = [r for r in self._follower.poll()  # type: ignore[attr-defined]
+                   if r.error is None and (r.key.endswith(WORKLOAD_SUFFIX) or r.key.startswith(LEGACY_WORKLOAD_PREFIX))]
+        index = load_snapshots(self._codec, records)
+        for exc in index.errors:
+            log.warning("%s", exc)
+        return index.workloads

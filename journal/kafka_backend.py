@@ -56,7 +56,7 @@ from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .errors import ConfigurationError, JournalClosedError, JournalError, PartitionFencedError, RecordLocation
 from .kafka_clients import base_config, new_client, on_client_error
 from .kafka_config import KafkaSettings
-from .kafka_readers import ReaderPool
+from .kafka_readers import Follower, ReaderPool
 from .kafka_topics import TopicState, prepare_topics, record_limits, topic_configs
 from .kafka_writer import StagedCommit, KafkaWriter
 
@@ -293,6 +293,12 @@ class KafkaBackend(Backend):
         for partition in wanted:
             self._check_partition(partition)
         return self.readers.read(self.snapshots_topic, wanted, None)
+
+    def follow_snapshots(self) -> Follower:
+        """The snapshot stream as it is committed: every retained record at the first ``poll()``,
+        then what was committed since (a fleet's workers learn of new workloads this way)."""
+        self._check_open()
+        return Follower(self.readers, self.snapshots_topic, list(range(self.partitions)))
 
     # -- lifecycle ------------------------------------------------------------------------
 

@@ -25,9 +25,12 @@ client_log = logging.getLogger("journal.kafka.librdkafka")
 class _FencingIsATakeover(logging.Filter):
     """librdkafka logs a fenced producer at ERROR and CRITICAL ("fenced by a newer instance",
     "operation with an old epoch"). Here that is another process taking over the slot, raised
-    once as ``ProducerFencedError``; its log lines are demoted to INFO."""
+    once as ``ProducerFencedError``; its log lines are demoted to INFO. So are its lines about a
+    broker it cannot connect to: a broker down is retried, and where it costs an operation that
+    operation's error names the cluster (``ClusterUnreachableError``, a timeout), once."""
 
-    _SIGNS = ("fenced by a newer instance", "operation with an old epoch")
+    _SIGNS = ("fenced by a newer instance", "operation with an old epoch", "Connect to ", "Connection refused",
+              "brokers are down", "Disconnected")
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.levelno > logging.INFO and any(sign in record.getMessage() for sign in self._SIGNS):

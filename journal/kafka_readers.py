@@ -216,12 +216,6 @@ class ReaderPool:
             low, stable = self._watermarks(consumer, topic, partition)
         return low, high
 
-    def _read_marks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
-        """(log start, where a read of the partition ends): see the module docstring."""
-        if self.stable:
-            return self._settled_marks(consumer, topic, partition)
-        return self._stable_marks(consumer, topic, partition)
-
     def end_offset(self, topic: str, partition: int) -> int:
         """The last stable offset of a partition: the next committed record's offset is at least this."""
         consumer = self._acquire()
@@ -235,28 +229,39 @@ class ReaderPool:
     def read(self, topic: str, partitions: list[int], from_offset: int | None) -> Iterator[StoredRecord]:
         """Committed records of ``partitions`` from ``from_offset`` (None: the log start) to the end
         seen when reading starts, in log order per partition."""
+        return self.read_from(topic, {p: from_offset for p in partitions})
+
+    def read_from(self, topic: str, starts: dict[int, int | None], ends: dict[int, int] | None = None, *,
+                  stable: bool | None = None) -> Iterator[StoredRecord]:
+        """Committed records of each partition from its start offset (None: the log start) to the end
+        seen when reading starts; ``ends`` (if given) receives each partition's end. ``stable``
+        overrides the pool's rule of where a read ends (see the module docstring)."""
         consumer = self._acquire()
         healthy = False
+        settled = self.stable if stable is None else stable
         try:
-            ends: dict[int, int] = {}
+            ends = {} if ends is None else ends
             next_offset: dict[int, int] = {}
             assignment: list[TopicPartition] = []
-            for p in partitions:
-                low, end = self._read_marks(consumer, topic, p)
+            for p, from_offset in starts.items():
+                if settled:
+                    low, end = self._settled_marks(consumer, topic, p)
+                else:
+                    low, end = self._stable_marks(consumer, topic, p)
                 start = low if from_offset is None else from_offset
                 if start < low:
                     raise JournalError(
                         f"topic {topic} partition {p}: offsets before {low} were deleted by retention; "
                         f"cannot read from offset {start}"
                     )
+                ends[p] = end
                 if start < end:
-                    ends[p] = end
                     next_offset[p] = start
                     assignment.append(TopicPartition(topic, p, start))
             if assignment:
                 # No pause() of finished partitions: a paused-then-reassigned partition stalls ~1 s in librdkafka.
                 consumer.assign(assignment)
-            yield from self._consume(consumer, topic, ends, next_offset)
+            yield from self._consume(consumer, topic, {p: ends[p] for p in next_offset}, next_offset)
             healthy = True
         finally:
             self._release(consumer, healthy=healthy)
@@ -302,6 +307,25 @@ class ReaderPool:
             yield stored_record(topic, p, offset, msg.key(), msg.value())
             if offset + 1 >= ends[p]:
                 pending.discard(p)
+
+
+class Follower:
+    """Reads a topic's records as they are committed: each ``poll()`` returns what was committed
+    since the previous one (the first: everything retained). Reads end at the last stable offset
+    (it never waits on another producer's transaction: what that holds back comes a poll later)."""
+
+    def __init__(self, pool: ReaderPool, topic: str, partitions: list[int]) -> None:
+        self._pool = pool
+        self._topic = topic
+        self._next: dict[int, int | None] = {p: None for p in partitions}
+
+    def poll(self) -> list[StoredRecord]:
+        ends: dict[int, int] = {}
+        records = list(self._pool.read_from(self._topic, dict(self._next), ends, stable=False))
+        for p, end in ends.items():
+            if self._next[p] is None or end > self._next[p]:  # type: ignore[operator]
+                self._next[p] = end
+        return records
 
 
 def stored_record(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> StoredRecord:

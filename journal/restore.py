@@ -46,9 +46,10 @@ class RestorePlan:
 
 
 def load_rollouts(journal: Journal, report: ReadReport | None = None, *,
-                  partitions: Collection[int] | None = None) -> RestorePlan:
+                  partitions: Collection[int] | None = None, only: Collection[str] | None = None) -> RestorePlan:
     """Every rollout still in the snapshot stream (on ``partitions`` only, if given: what a fleet's
-    worker owns), with the events since its snapshot."""
+    worker owns; of the rollouts ``only`` names, if given: the workloads it knows), with the events
+    since its snapshot. The journal's writer learns each loaded rollout's fence and snapshot slots."""
     started = time.perf_counter()
     report = report if report is not None else ReadReport()
     index = journal.snapshots(partitions)
@@ -57,6 +58,8 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None, *,
     histories: dict[str, RolloutHistory] = {}
     acknowledged: dict[str, Fence] = {}
     for rollout_id in index.snapshots.keys() | index.fences.keys():
+        if only is not None and rollout_id not in only:
+            continue
         loaded, fence = index.snapshots.get(rollout_id), index.fences.get(rollout_id)
         if fence is not None:
             journal.note_fence(rollout_id, fence)
@@ -70,6 +73,8 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None, *,
             continue  # nothing of it follows its snapshot, so it must not pin where the read starts
         cursors[rollout_id] = _cursor(rollout_id, loaded, fence)
     for rollout_id in _rollouts_only_the_log_names(journal, set(histories) | set(acknowledged), partitions):
+        if only is not None and rollout_id not in only:
+            continue
         log.warning("rollout %s is missing from the damaged snapshot stream; replaying it from its first event",
                     rollout_id)
         histories[rollout_id] = RolloutHistory(rollout_id, None)
