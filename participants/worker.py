@@ -346,11 +346,13 @@ class FleetWorker:
         journal = self._journal
         assert journal is not None
         mine = [p for p in partitions if p in self.owned]
+        dropped = 0
         for workload in self.workloads.values():
             workload.partitions.difference_update(partitions)
             rollouts = [rid for rid in workload.runner.live if journal.partition_of(rid) in mine]
             if lost:
                 await workload.runner.drop(rollouts)
+                dropped += len(rollouts)
             else:
                 await workload.runner.release(rollouts)
         for partition in mine:
@@ -361,6 +363,8 @@ class FleetWorker:
         else:
             self.report.partitions_released += len(mine)
         self.on_event(f"partitions-{'lost' if lost else 'revoked'} {_numbers(partitions)}")
+        if lost:
+            self.on_event(f"rollouts-dropped {dropped}")
 
 
 def _numbers(partitions: list[int]) -> str:

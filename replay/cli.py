@@ -338,7 +338,9 @@ def _worker(args: argparse.Namespace) -> int:
                "partitions_taken": report.partitions_taken, "partitions_released": report.partitions_released,
                "partitions_lost": report.partitions_lost, "dropped": report.dropped,
                "set_aside": {rid: why for r in report.workloads.values() for rid, why in r.set_aside.items()}}
-    if args.json:
+    if args.json and args.progress_lines:  # a line like the others
+        print(f"worker-report {json.dumps(summary)}", flush=True)
+    elif args.json:
         print(json.dumps(summary, indent=2))
     elif not args.progress_lines:
         print(f"worker {report.name} stopped after {summary['seconds']} s: {report.turns_run} turns run, "
