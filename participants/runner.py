@@ -248,7 +248,7 @@ class Runner:
         if histories:  # a fresh run folds nothing
             self.restore.fold_s += time.perf_counter() - folding
         override = self._topology_check(registration, [state for _, state in restored.values()])
-        first_commits = []
+        first_commits: list[tuple[str, Awaitable[None]]] = []
         admitted: list[LiveRollout] = []
         for spec in specs:
             history = histories.get(spec.rollout_id)
@@ -275,17 +275,22 @@ class Runner:
                 self.states[spec.rollout_id] = live.state
                 admitted.append(live)
             if commit is not None:
-                first_commits.append(commit)
+                first_commits.append((spec.rollout_id, commit))
         fencing = time.perf_counter()
-        results = await asyncio.gather(*first_commits, return_exceptions=True)
+        results = await asyncio.gather(*(commit for _, commit in first_commits), return_exceptions=True)
         if histories:  # the resumed attempts' fences (a new rollout's first commit rides along, one group commit)
             report.restore.fence_s += time.perf_counter() - fencing
-        failures = [r for r in results if isinstance(r, BaseException)]
-        if failures:
+        failed = {rid: r for (rid, _), r in zip(first_commits, results) if isinstance(r, BaseException)}
+        stopping = [r for r in failed.values() if not (self.fleet and taken_over(r))]
+        if stopping:
             for live in admitted:
                 self._forget(live.spec.rollout_id)
-            raise failures[0]
-        return admitted
+            raise stopping[0]
+        for rollout_id, exc in failed.items():  # a fleet's partition taken over meanwhile: those rollouts alone go
+            log.info("rollout %s: taken over by another worker before its first commit: %s", rollout_id, exc)
+            self.dropped[rollout_id] = str(exc)
+            self._forget(rollout_id)
+        return [live for live in admitted if live.spec.rollout_id not in failed]
 
     def launch(self, live: LiveRollout, limit: int | None = None) -> None:
         """Drive ``live`` to its end in the background (``limit``: leave it after that many committed

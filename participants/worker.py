@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -39,7 +40,7 @@ from journal.open import is_kafka_url, open_journal
 from journal.restore import load_rollouts
 
 from .config import WorkloadConfig
-from .runner import ProgressCallback, Runner, RunReport, taken_over, workload_specs
+from .runner import ProgressCallback, Runner, RunReport, workload_specs
 from .workload import build_backend
 
 log = logging.getLogger(__name__)
@@ -313,22 +314,15 @@ class FleetWorker:
         plan = await self._restore(partitions, ids)
         for workload in chosen:
             workload.partitions.update(partitions)
-            for partition in partitions:
-                specs = [s for s in workload_specs(workload.config)
-                         if journal.partition_of(s.rollout_id) == partition]
-                if not specs:
-                    continue
-                try:
-                    admitted = await workload.runner.admit(specs, plan, workload.registration)
-                except BaseException as exc:
-                    if not taken_over(exc):
-                        raise
-                    log.warning("worker %s: partition %d was taken over while its rollouts were restored: %s",
-                                self.name, partition, exc)
-                    continue  # the group revokes or loses it next
-                for live in admitted:
-                    workload.runner.launch(live)
-                self.on_event(f"rollouts-admitted {workload.config.name} p{partition} {len(admitted)}")
+            specs = [s for s in workload_specs(workload.config) if journal.partition_of(s.rollout_id) in partitions]
+            # One admission for every partition taken: their fences share group commits (a rollout whose
+            # partition was taken over meanwhile is dropped alone; the group revokes or loses it next).
+            admitted = await workload.runner.admit(specs, plan, workload.registration) if specs else []
+            for live in admitted:
+                workload.runner.launch(live)
+            counts = Counter(journal.partition_of(live.spec.rollout_id) for live in admitted)
+            for partition in sorted({journal.partition_of(s.rollout_id) for s in specs}):
+                self.on_event(f"rollouts-admitted {workload.config.name} p{partition} {counts[partition]}")
 
     async def _restore(self, partitions: list[int], ids: set[str]):
         """Read the partitions' rollouts; an open transaction of a producer this worker could not

@@ -137,9 +137,18 @@ def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, workers
 
 
 def workload_done(url: str) -> bool:
+    """What ``rollout-journal status`` says: every rollout finished (reads the whole journal)."""
     from replay.status import fleet_status
 
     return fleet_status(url).done
+
+
+def every_turn_reported(workers: list[WorkerProcess], config: WorkloadConfig) -> bool:
+    """Cheap to poll: some worker reported each rollout's last turn durable (the workload runs every
+    rollout to ``max_turns``: ``allow_early_submit: false``)."""
+    last = config.max_turns - 1
+    done = {rollout for w in workers for _, rollout, turn in w.committed() if turn == last}
+    return done >= {s.rollout_id for s in workload_specs(config)}
 
 
 @dataclass

@@ -21,7 +21,7 @@ from journal.backend import partition_for
 from participants.config import WorkloadConfig
 from participants.runner import workload_specs
 from tests.fleet_support import (
-    audit_journal, reported_turns, start_worker, submit, wait_for, workload_done, workload_yaml,
+    audit_journal, every_turn_reported, reported_turns, start_worker, submit, wait_for, workload_done, workload_yaml,
 )
 from tests.recovery_support import reference_outcomes
 
@@ -80,7 +80,8 @@ def test_a_sigkilled_worker_s_rollouts_move_and_finish_as_if_uninterrupted(kafka
         victim.process.wait()
         wait_for(lambda: moved <= set().union(*(w.partitions() for w in survivors)), 120,
                  "the survivors to take the killed worker's partitions", survivors)
-        wait_for(lambda: workload_done(url), 300, "every rollout to finish", survivors)
+        wait_for(lambda: every_turn_reported(workers, config), 300, "every rollout to finish", survivors)
+        assert workload_done(url)  # and `status` says so
         for worker in survivors:
             assert worker.stop() == 0, worker.stderr()
     finally:
@@ -118,7 +119,7 @@ def test_a_zombie_worker_writes_nothing_after_its_partitions_moved(kafka_bootstr
         zombie.signal(signal.SIGCONT)
         wait_for(lambda: zombie.seen("partitions-lost", since=resumed), 120,
                  "the zombie to find its partitions lost", workers)
-        wait_for(lambda: workload_done(url), 300, "every rollout to finish", workers)
+        wait_for(lambda: every_turn_reported(workers, config), 300, "every rollout to finish", workers)
         for worker in workers:
             assert worker.stop() == 0, worker.stderr()
     finally:
@@ -151,7 +152,8 @@ def test_scaling_out_and_in_moves_partitions_at_turn_boundaries(kafka_bootstrap:
         assert first.seen("partitions-revoked"), "the first worker handed nothing on"
         assert first.stop() == 0, first.stderr()  # scale in: it hands everything on and leaves
         wait_for(lambda: len(second.partitions()) == 6, 60, "the second worker to own every partition", [second])
-        wait_for(lambda: workload_done(url), 300, "every rollout to finish", [second])
+        wait_for(lambda: every_turn_reported(workers, config), 300, "every rollout to finish", [second])
+        assert workload_done(url)
         assert second.stop() == 0, second.stderr()
     finally:
         for worker in workers:
