@@ -37,7 +37,7 @@ from journal.errors import ConfigurationError, UnstableReadError
 from journal.events import Header, WorkloadRegistered
 from journal.journal import Journal
 from journal.open import is_kafka_url, open_journal
-from journal.restore import load_rollouts
+from journal.restore import RestorePlan, load_rollouts
 
 from .config import WorkloadConfig
 from .runner import ProgressCallback, Runner, RunReport, workload_specs
@@ -291,27 +291,27 @@ class FleetWorker:
 
     async def _take(self, partitions: list[int]) -> None:
         """Fence the partitions' previous owners, restore their rollouts, and drive them."""
-        journal = self._journal
-        assert journal is not None
         self.on_event(f"partitions-assigned {_numbers(partitions)}")
-        await asyncio.gather(*(asyncio.to_thread(journal.take_partition, p) for p in partitions))
-        self.owned.update(partitions)
+        await self._admit(partitions, list(self.workloads.values()), take=True)
         self.report.partitions_taken += len(partitions)
-        await self._admit(partitions, self.workloads.values())
 
     async def _admit_new(self) -> None:
         """Workloads picked up after their partitions were taken: admit their rollouts there now."""
         for workload in list(self.workloads.values()):
             missing = sorted(self.owned - workload.partitions)
             if missing:
-                await self._admit(missing, [workload])
+                await self._admit(missing, [workload], take=False)
 
-    async def _admit(self, partitions: list[int], workloads: object) -> None:
+    async def _admit(self, partitions: list[int], chosen: list[_Workload], *, take: bool) -> None:
+        """Restore the rollouts ``chosen`` workloads have on ``partitions`` (``take``: after taking the
+        partitions' writers, fencing their previous owners) and drive them."""
         journal = self._journal
         assert journal is not None
-        chosen: list[_Workload] = list(workloads)  # type: ignore[call-overload]
         ids = {rid for w in chosen for rid in w.ids if journal.partition_of(rid) in partitions}
-        plan = await self._restore(partitions, ids)
+        # One hop to a thread for the blocking part: while the event loop runs model calls, every
+        # await costs a round of them, and a takeover waits for each.
+        plan = await asyncio.to_thread(self._take_and_read, partitions, ids, take)
+        self.owned.update(partitions)
         for workload in chosen:
             workload.partitions.update(partitions)
             specs = [s for s in workload_specs(workload.config) if journal.partition_of(s.rollout_id) in partitions]
@@ -324,12 +324,18 @@ class FleetWorker:
             for partition in sorted({journal.partition_of(s.rollout_id) for s in specs}):
                 self.on_event(f"rollouts-admitted {workload.config.name} p{partition} {counts[partition]}")
 
-    async def _restore(self, partitions: list[int], ids: set[str]):
-        """Read the partitions' rollouts; an open transaction of a producer this worker could not
-        fence (not a worker: it would have been) is waited out, loudly, and retried."""
+    def _take_and_read(self, partitions: list[int], ids: set[str], take: bool) -> RestorePlan:
+        """(In a thread.) Take the partitions' writers side by side, then read their rollouts. An open
+        transaction of a producer this worker could not fence (not a worker: it would have been)
+        is waited out, loudly, and the read retried."""
+        journal = self._journal
+        assert journal is not None
+        if take:
+            with concurrent.futures.ThreadPoolExecutor(max_workers=len(partitions)) as pool:
+                list(pool.map(journal.take_partition, partitions))  # raises the first failure
         while True:
             try:
-                return await asyncio.to_thread(load_rollouts, self._journal, partitions=set(partitions), only=ids)
+                return load_rollouts(journal, partitions=set(partitions), only=ids)
             except UnstableReadError as exc:
                 log.error("worker %s: %s; retrying", self.name, exc)
                 self.on_event(f"restore-held-back {exc.topic} {exc.partition}")
