@@ -18,7 +18,8 @@ Starts a local 3-broker cluster (replication 3, ``min.insync.replicas=2``; or us
    ``partitions_moved_seconds``: from the SIGKILL to a survivor's first assignment of them;
    ``takeover_seconds``: from that assignment until every moved rollout was restored and its
    new attempt's fence committed (the partitions' producers fenced, their rollouts read,
-   folded and their environments rebuilt).
+   folded and their environments rebuilt); ``takeover_phases_seconds`` splits it, as the workers
+   measured it: taking the writers and reading, then restoring and committing the fences.
 2. Throughput: the same workload without simulated latency, on 1, 2 and 3 workers (a fresh
    namespace each, the workers joined before the submit), turns per second from the first
    committed turn to the last; ratios to one worker.
@@ -136,6 +137,13 @@ def failover(bootstrap: str, work: Path, quick: bool) -> dict:
             if partition in moved:
                 first_admitted[partition] = min(t, first_admitted.get(partition, t))
     admitted = list(first_admitted.values())
+    phases = []  # (take writers + read, restore + fence) of the first takeover of moved partitions after the kill
+    for worker in survivors:
+        for _, line in worker.seen("takeover-seconds", since=killed):
+            _, numbers, read_s, admit_s = line.split()
+            if {int(p) for p in numbers.split(",")} & moved:
+                phases.append((float(read_s), float(admit_s)))
+                break
     audit = audit_journal(url, config)
     reported = reported_turns(workers)
     return {
@@ -145,6 +153,8 @@ def failover(bootstrap: str, work: Path, quick: bool) -> dict:
         "failover_seconds": None if first is None else round((first - killed_ms) / 1000, 2),
         "partitions_moved_seconds": round((min(assigned) if assigned else moved_at) - killed, 2),
         "takeover_seconds": round(max(admitted) - min(assigned), 2) if admitted and assigned else None,
+        "takeover_phases_seconds": {"take_writers_and_read": round(max((p[0] for p in phases), default=0), 2),
+                                    "restore_and_fence": round(max((p[1] for p in phases), default=0), 2)},
         "session_timeout_seconds": KafkaSettings.model_fields["group_session_timeout_ms"].default / 1000,
         "turns_lost": sum(1 for turn in reported if audit.turns_standing[turn] != 1),
         "duplicate_turns": sum(count - 1 for count in audit.turns_written.values() if count > 1),

@@ -310,7 +310,9 @@ class FleetWorker:
         ids = {rid for w in chosen for rid in w.ids if journal.partition_of(rid) in partitions}
         # One hop to a thread for the blocking part: while the event loop runs model calls, every
         # await costs a round of them, and a takeover waits for each.
+        started = time.monotonic()
         plan = await asyncio.to_thread(self._take_and_read, partitions, ids, take)
+        read_s = time.monotonic() - started
         self.owned.update(partitions)
         for workload in chosen:
             workload.partitions.update(partitions)
@@ -323,6 +325,8 @@ class FleetWorker:
             counts = Counter(journal.partition_of(live.spec.rollout_id) for live in admitted)
             for partition in sorted({journal.partition_of(s.rollout_id) for s in specs}):
                 self.on_event(f"rollouts-admitted {workload.config.name} p{partition} {counts[partition]}")
+        # Where a takeover's time goes: taking the writers and reading, then restoring and fencing.
+        self.on_event(f"takeover-seconds {_numbers(partitions)} {read_s:.3f} {time.monotonic() - started - read_s:.3f}")
 
     def _take_and_read(self, partitions: list[int], ids: set[str], take: bool) -> RestorePlan:
         """(In a thread.) Take the partitions' writers side by side, then read their rollouts. An open
