@@ -28,6 +28,10 @@ _EXPORTS: dict[str, str] = {
     "RolloutReport": ".runner",
     "RestoreTiming": ".runner",
     "workload_specs": ".runner",
+    # a fleet of workers on one Kafka namespace
+    "FleetWorker": ".worker",
+    "WorkerReport": ".worker",
+    "submit_workload": ".worker",
     # the rollout as an aggregate
     "RolloutSpec": ".rollout_state",
     "RolloutProgress": ".rollout_state",
@@ -76,6 +80,7 @@ __all__ = [
     "ControlError",
     "CoordinatedCheckpointer",
     "Environment",
+    "FleetWorker",
     "Generation",
     "GenerationBackend",
     "HttpStateExporter",
@@ -103,6 +108,7 @@ __all__ = [
     "TopologyChangedError",
     "TransientControlError",
     "UnknownEnvironmentError",
+    "WorkerReport",
     "WorkloadConfig",
     "build_backend",
     "check_journal_location",
@@ -111,6 +117,7 @@ __all__ = [
     "open_workload_journal",
     "restore_state",
     "run_workload",
+    "submit_workload",
     "workload_specs",
 ]
 
@@ -158,6 +165,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from .runner import RestoreTiming, RolloutReport, Runner, RunReport, workload_specs
     from .tokenizer import ChatTokenizer, default_tokenizer
     from .torch_policy import TinyTorchPolicy
+    from .worker import FleetWorker, WorkerReport, submit_workload
     from .workload import build_backend, open_workload_journal, run_workload
 
 
