@@ -255,7 +255,7 @@ class GroupCommitter:
                     self._on_committed(records, outcome)
                     self._resolve(group, outcome, commit_ms, len(built))
                     del todo[p]
-                elif isinstance(outcome, PartitionFencedError) or isinstance(outcome, ValueError):
+                elif isinstance(outcome, (PartitionFencedError, ValueError)):  # this partition alone
                     log.info("partition %d: %d appends refused: %s", p, len(group), outcome)
                     for pending, _ in group:
                         if pending.future.running():

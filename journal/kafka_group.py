@@ -216,5 +216,5 @@ def describe_group(settings: KafkaSettings, admin: AdminClient | None = None) ->
         members.append(GroupMember(name, member.host, member.member_id, partitions,
                                    getattr(member, "group_instance_id", None)))
     state = getattr(description.state, "name", str(description.state))
-    protocol = getattr(getattr(description, "type", None), "name", "") or description.protocol_type
+    protocol = getattr(getattr(description, "type", None), "name", "") or getattr(description, "protocol_type", "")
     return GroupState(settings.group_id, state, str(protocol), tuple(sorted(members, key=lambda m: m.name)))
