@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import JournalDamageError, RecordLocation
@@ -73,6 +73,9 @@ class Backend(ABC):
     kind: str
     partitions: int
     max_record_bytes: int | None = None  # the largest record value it takes (None: no limit below the journal's)
+    # One writer per partition (a worker fleet's Kafka backend): each partition's records commit in a
+    # transaction of their own, and one partition's writer may fail (fenced) while the others go on.
+    writes_per_partition: bool = False
 
     @abstractmethod
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
@@ -81,6 +84,21 @@ class Backend(ABC):
         Raises ``AbortableCommitError`` when nothing was written and the batch
         may be redone, ``FatalJournalError`` when this writer must stop.
         """
+
+    def commit_partitions(
+        self, batches: Mapping[int, Sequence[OutRecord]]
+    ) -> dict[int, list[RecordLocation] | BaseException]:
+        """Commit each partition's records; per partition, their locations or the error that
+        failed them. A backend with one writer commits them all at once, so they share one
+        outcome: it returns every partition's locations, or raises like ``commit``."""
+        partitions = list(batches)
+        locations = self.commit([record for p in partitions for record in batches[p]])
+        out: dict[int, list[RecordLocation] | BaseException] = {}
+        start = 0
+        for p in partitions:
+            out[p] = locations[start:start + len(batches[p])]
+            start += len(batches[p])
+        return out
 
     def offset_after(self, location: RecordLocation) -> int:
         """The offset just past a record this backend committed (Kafka: offset + 1)."""
@@ -95,8 +113,9 @@ class Backend(ABC):
         """Committed event records of one partition from ``from_offset`` to the current end."""
 
     @abstractmethod
-    def read_snapshots(self) -> Iterator[StoredRecord]:
-        """Every retained snapshot record, in log order per partition (later wins)."""
+    def read_snapshots(self, partitions: Collection[int] | None = None) -> Iterator[StoredRecord]:
+        """Every retained snapshot record (of ``partitions`` only, if given), in log order per
+        partition (later wins)."""
 
     def damage(self) -> list[JournalDamageError]:
         """Damage to the storage that no record read will show (a lost snapshot file).

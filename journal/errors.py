@@ -109,6 +109,28 @@ class OversizedEventError(JournalError):
         self.limit = limit
 
 
+class ClusterUnreachableError(JournalError):
+    """No broker of the Kafka cluster answered in time (wrong address, cluster down, network)."""
+
+
+class UnstableReadError(JournalError):
+    """An open transaction of another producer held a partition's last stable offset below its
+    high watermark for longer than the bound: a read_committed read would have returned a prefix
+    that lacks records committed after that transaction began, so the read is refused."""
+
+    def __init__(self, topic: str, partition: int, stable: int, high: int, waited_s: float) -> None:
+        super().__init__(
+            f"topic {topic} partition {partition}: an open transaction holds the last stable offset at {stable}, "
+            f"below the high watermark {high}, for over {waited_s:g} s; refusing to restore from a prefix that may "
+            "lack committed records. Another producer writes this partition (a second worker on the same "
+            "namespace, or a crashed one whose transaction the broker aborts after its transaction timeout): "
+            "stop it, or retry once it is gone")
+        self.topic = topic
+        self.partition = partition
+        self.stable = stable
+        self.high = high
+
+
 class WriterLockedError(JournalError):
     """Another process holds the file journal's writer lock."""
 
@@ -123,6 +145,16 @@ class FatalJournalError(JournalError):
 
 class ProducerFencedError(FatalJournalError):
     """A newer producer with the same ``transactional.id`` took over this worker slot."""
+
+
+class PartitionFencedError(ProducerFencedError):
+    """This process may no longer write one partition: the writer of a worker fleet's partition
+    (``<namespace>.p<N>``) was fenced by the worker that took the partition over, or the partition
+    was let go. Only that partition's appends fail; the worker drops its rollouts and goes on."""
+
+    def __init__(self, message: str, partition: int) -> None:
+        super().__init__(message)
+        self.partition = partition
 
 
 class JournalClosedError(JournalError):

@@ -253,6 +253,31 @@ class WorkloadRegistered:
     topology: str
     ts_ms: int
     writer: str
+    # True: acknowledgement keeps a marker, so a registered rollout missing from the snapshot stream
+    # has not started; False (journals before 0.3): such a rollout was acknowledged.
+    acknowledgement_markers: bool = False
+
+
+@dataclass(frozen=True)
+class FenceEntry:
+    """One attempt of a rollout as its fence history keeps it."""
+
+    attempt: int
+    epoch: int
+    seq: int  # of its AttemptStarted: older epochs' events from this seq on are superseded
+    writer: str
+    ts_ms: int
+
+
+@dataclass(frozen=True)
+class FenceHistory:
+    """Every attempt of a rollout, oldest first, and whether the trainer took its result (not a
+    rollout event: the value of the compacted key ``<rollout>/fence``)."""
+
+    RECORD: ClassVar[str] = "FenceHistory"
+    rollout_id: str
+    attempts: list[FenceEntry]
+    acknowledged_epoch: int | None = None
 
 
 @dataclass(frozen=True)
@@ -273,22 +298,22 @@ RolloutEvent = Union[
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
     RolloutAcknowledged, HeadCheckpoint,
 ]
-Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered]
+Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory]
 
 ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
     RolloutAcknowledged, HeadCheckpoint,
 )
 """What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
-BlobChunk or WorkloadRegistered found there is a foreign record."""
+BlobChunk, WorkloadRegistered or FenceHistory found there is a foreign record."""
 
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted,
     RolloutFinished, RolloutFailed, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered,
-    HeadCheckpoint,
+    HeadCheckpoint, FenceHistory,
 )
 NESTED_TYPES: dict[str, type] = {
     "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message, "heads": ChainHead,
-    "segments": OutputSegment,
+    "segments": OutputSegment, "attempts": FenceEntry,
 }
-NESTED_LISTS = frozenset({"messages", "heads", "segments"})  # fields of NESTED_TYPES that hold an array of them
+NESTED_LISTS = frozenset({"messages", "heads", "segments", "attempts"})  # fields of NESTED_TYPES that hold an array of them

@@ -64,7 +64,7 @@ import logging
 import os
 import struct
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -723,9 +723,11 @@ class FileBackend(Backend):
                     return mark, path, 0
         return mark, path, None
 
-    def read_snapshots(self) -> Iterator[StoredRecord]:
+    def read_snapshots(self, partitions: Collection[int] | None = None) -> Iterator[StoredRecord]:
         """The committed snapshot generation's records. A lost one reads as what is left of
-        it (nothing, if it is missing); ``damage()`` says so."""
+        it (nothing, if it is missing); ``damage()`` says so. One partition: 0."""
+        if partitions is not None and 0 not in partitions:
+            return
         for _ in range(3):  # a concurrent writer's compaction may retire the file we were told of
             mark = self._committed_mark()
             path = self._snap_path(mark.snap_generation)

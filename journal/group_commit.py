@@ -17,6 +17,13 @@ not once per append. An abortable failure redoes the same batch; a fatal one
 fails every pending future and closes the committer, because the next attempt
 must take over.
 
+A backend with one writer per partition (a worker fleet's) commits a batch as
+one transaction per partition: an abortable failure redoes that partition's
+appends only, and a partition whose writer was fenced (``PartitionFencedError``:
+another worker took it) fails that partition's appends only, while the committer
+goes on with the others. An append must then stay within one partition (one
+rollout's turn always does); one that spans several fails alone.
+
 Every future ``submit`` hands out resolves: ``submit`` checks for a close or a
 fatal stop and enqueues under one lock, so an append is either queued before
 the stop sentinel (and committed, or failed with the rest) or refused with
@@ -33,9 +40,10 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .backend import Backend, OutRecord, Stream
+from .backend import Backend, OutRecord, Stream, partition_for
 from .errors import (
-    AbortableCommitError, FatalJournalError, JournalClosedError, JournalStoppedError, RecordLocation, writer_fenced,
+    AbortableCommitError, FatalJournalError, JournalClosedError, JournalStoppedError, PartitionFencedError,
+    RecordLocation, writer_fenced,
 )
 
 log = logging.getLogger(__name__)
@@ -181,6 +189,9 @@ class GroupCommitter:
         except BaseException as exc:  # a later append may depend on this one: nothing of the batch commits
             self._fail([(p, ()) for p in batch], FatalJournalError(f"could not build a journal batch: {exc!r}"))
             return
+        if self._backend.writes_per_partition:
+            self._commit_per_partition(built)
+            return
         records = [r for _, recs in built for r in recs]
         for attempt in range(1, self._max_attempts + 1):
             started = time.perf_counter()
@@ -198,13 +209,68 @@ class GroupCommitter:
                 return
         commit_ms = (time.perf_counter() - started) * 1000.0
         self._on_committed(records, locations)
+        self._resolve(built, locations, commit_ms, len(built))
+
+    @staticmethod
+    def _resolve(built: Sequence[tuple[PendingAppend, Sequence[OutRecord]]], locations: list[RecordLocation],
+                 commit_ms: float, batch_appends: int) -> None:
+        """Resolve each append with the locations of its events (``locations``: of every record, in order)."""
         i = 0
         for pending, recs in built:
             if pending.future.running():
                 mine = zip(recs, locations[i:i + len(recs)])
                 events = [loc for record, loc in mine if record.stream is Stream.EVENTS and not record.continuation]
-                pending.future.set_result(AppendReceipt(events, commit_ms, len(built)))
+                pending.future.set_result(AppendReceipt(events, commit_ms, batch_appends))
             i += len(recs)
+
+    def _commit_per_partition(self, built: list[tuple[PendingAppend, Sequence[OutRecord]]]) -> None:
+        """One transaction per partition; each partition succeeds, is redone or fails on its own."""
+        n = self._backend.partitions
+        groups: dict[int, list[tuple[PendingAppend, Sequence[OutRecord]]]] = {}
+        nothing: list[tuple[PendingAppend, Sequence[OutRecord]]] = []  # flushes: nothing to write
+        for pending, recs in built:
+            partitions = {partition_for(r.partition_key, n) for r in recs}
+            if len(partitions) > 1:
+                pending.future.set_exception(ValueError(
+                    f"an append spans partitions {sorted(partitions)}; with one writer per partition an append "
+                    "must stay within one (one rollout's records always do)"))
+            elif partitions:
+                groups.setdefault(partitions.pop(), []).append((pending, recs))
+            else:
+                nothing.append((pending, recs))
+        todo = {p: (group, [r for _, recs in group for r in recs]) for p, group in groups.items()}
+        attempt = 0
+        while todo:
+            attempt += 1
+            started = time.perf_counter()
+            try:
+                outcomes = self._backend.commit_partitions({p: records for p, (_, records) in todo.items()})
+            except BaseException as exc:
+                self._fail([item for group, _ in todo.values() for item in group] + nothing, exc)
+                return
+            commit_ms = (time.perf_counter() - started) * 1000.0
+            for p, outcome in outcomes.items():
+                group, records = todo[p]
+                if isinstance(outcome, list):
+                    self._on_committed(records, outcome)
+                    self._resolve(group, outcome, commit_ms, len(built))
+                    del todo[p]
+                elif isinstance(outcome, (PartitionFencedError, ValueError)):  # this partition alone
+                    log.info("partition %d: %d appends refused: %s", p, len(group), outcome)
+                    for pending, _ in group:
+                        if pending.future.running():
+                            pending.future.set_exception(outcome)
+                    del todo[p]
+                elif isinstance(outcome, AbortableCommitError) and attempt < self._max_attempts:
+                    log.warning("partition %d: commit of %d records aborted (attempt %d/%d), redoing: %s",
+                                p, len(records), attempt, self._max_attempts, outcome)
+                else:
+                    if isinstance(outcome, AbortableCommitError):
+                        outcome = FatalJournalError(f"partition {p}: commit still aborted after {attempt} attempts: "
+                                                    f"{outcome}")
+                    self._fail([item for group, _ in todo.values() for item in group] + nothing, outcome)
+                    return
+        self._resolve(nothing, [], 0.0, len(built))
 
     def _fail(self, built: Sequence[tuple[PendingAppend, Sequence[OutRecord]]], exc: BaseException) -> None:
         level = logging.INFO if writer_fenced(exc) else logging.ERROR  # a takeover: the caller reports it once

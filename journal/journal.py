@@ -5,23 +5,24 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import cast
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
-from .errors import CorruptRecordError, FencedWriteError, JournalError, RecordLocation
+from .errors import ConfigurationError, CorruptRecordError, FencedWriteError, JournalError, RecordLocation
 from .event_chunks import ChunkJoiner, split_event
 from .events import (
-    ROLLOUT_EVENT_TYPES, AttemptStarted, EventChunk, Header, RolloutAcknowledged, RolloutEvent, WorkloadRegistered,
+    ROLLOUT_EVENT_TYPES, AttemptStarted, EventChunk, FenceEntry, FenceHistory, Header, RolloutAcknowledged,
+    RolloutEvent, WorkloadRegistered,
 )
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
 from .snapshots import (
-    SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_key, load_snapshots, snapshot_records, tombstone_records,
-    workload_key,
+    LEGACY_WORKLOAD_PREFIX, WORKLOAD_SUFFIX, Fence, SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_record,
+    load_snapshots, snapshot_records, tombstone_records, workload_key,
 )
 
 log = logging.getLogger(__name__)
@@ -54,12 +55,14 @@ class ReadReport:
 @dataclass(frozen=True)
 class Cursor:
     """Where to resume reading one rollout: from ``offset`` in its partition,
-    skipping events with ``seq <= after_seq``; ``epoch`` is the fence already known."""
+    skipping events with ``seq <= after_seq``; ``epoch`` is the fence already known,
+    ``history`` every attempt the fence history names, as (epoch, seq of its AttemptStarted)."""
 
     offset: int = 0
     after_seq: int = -1
     epoch: int = 0
     resume_seq: int | None = None  # the fence's AttemptStarted is still ahead: older epochs count below this seq
+    history: tuple[tuple[int, int], ...] = ()
 
 
 class Journal:
@@ -95,6 +98,7 @@ class Journal:
         self._fence_lock = threading.Lock()
         self._committed_end: dict[int, int] = {}  # partition -> end after our last commit (committer thread only)
         self._slots: dict[str, SnapshotSlots] = {}  # rollout -> its two snapshot keys, as this writer knows them
+        self._attempts: dict[str, list[FenceEntry]] = {}  # rollout -> its fence history, as this writer knows it
         self._committer = GroupCommitter(
             backend,
             linger_ms=linger_ms,
@@ -120,8 +124,6 @@ class Journal:
             pieces = split_event(self.codec, event, value, self.max_record_bytes, self.max_event_bytes)
             encoded.extend(OutRecord(Stream.EVENTS, rollout_id, piece, rollout_id, continuation=i > 0)
                            for i, piece in enumerate(pieces))
-            if isinstance(event, AttemptStarted):  # the fence, in the same commit, where restore reads first
-                encoded.append(OutRecord(Stream.SNAPSHOTS, fence_key(rollout_id), value, rollout_id))
         headers = [e.header for e in events] + ([snapshot.header] if snapshot is not None else [])
         with self._fence_lock:
             for header in headers:
@@ -129,8 +131,12 @@ class Journal:
                 if header.epoch < current:
                     raise FencedWriteError(header.rollout_id, header.epoch, current)
             for event in events:
-                if isinstance(event, AttemptStarted):
-                    self._fence.raise_to(event.header.rollout_id, event.header.epoch)
+                if isinstance(event, AttemptStarted):  # the fence history, in the same commit, where restore reads first
+                    h = event.header
+                    self._fence.raise_to(h.rollout_id, h.epoch)
+                    attempts = self._attempts.setdefault(h.rollout_id, [])
+                    attempts.append(FenceEntry(h.attempt, h.epoch, h.seq, h.writer, h.ts_ms))
+                    encoded.append(fence_record(self.codec, FenceHistory(h.rollout_id, list(attempts))))
         if snapshot is None:
             return self._committer.submit(lambda: encoded)
         partition = self.partition_of(snapshot.header.rollout_id)
@@ -142,10 +148,16 @@ class Journal:
         return self.append(events, snapshot).result()
 
     def acknowledge(self, header: Header, acknowledged_by: str) -> Future:
-        """The trainer took a finished rollout: journal that, and tombstone its snapshot."""
+        """The trainer took a finished rollout: journal that, tombstone its snapshots, and mark its
+        fence acknowledged at ``header.epoch`` (kept, so no zombie snapshot brings it back)."""
+        rollout_id = header.rollout_id
         event = RolloutAcknowledged(header, acknowledged_by)
-        encoded = OutRecord(Stream.EVENTS, header.rollout_id, self.codec.encode(event), header.rollout_id)
-        return self._committer.submit(lambda: [encoded, *self._tombstone_records(header.rollout_id)])
+        encoded = OutRecord(Stream.EVENTS, rollout_id, self.codec.encode(event), rollout_id)
+        with self._fence_lock:
+            marker = FenceHistory(rollout_id, list(self._attempts.get(rollout_id, [])), header.epoch)
+        fence = fence_record(self.codec, marker)
+        return self._committer.submit(
+            lambda: [encoded, *tombstone_records(rollout_id, self._slots.pop(rollout_id, None), keep_fence=True), fence])
 
     def register_workload(self, registration: WorkloadRegistered) -> Future:
         """Record a workload (its spec and rollout ids) in the compacted stream; the newest wins."""
@@ -154,21 +166,27 @@ class Journal:
         return self._committer.submit(lambda: [record])
 
     def tombstone(self, rollout_id: str) -> Future:
-        """Drop a rollout's snapshot (and blob chunks) from the compacted stream."""
-        return self._committer.submit(lambda: self._tombstone_records(rollout_id))
+        """Drop everything a rollout holds in the compacted stream: snapshots, blob chunks, fence."""
+        with self._fence_lock:
+            self._attempts.pop(rollout_id, None)
+        return self._committer.submit(lambda: tombstone_records(rollout_id, self._slots.pop(rollout_id, None)))
 
     def note_epoch(self, rollout_id: str, epoch: int) -> None:
         """Tell the writer-side fence an epoch learned by reading (restore)."""
         with self._fence_lock:
             self._fence.raise_to(rollout_id, epoch)
 
+    def note_fence(self, rollout_id: str, fence: Fence) -> None:
+        """Tell the writer a rollout's fence history (restore learns it), so the next attempt's fence
+        record keeps every earlier attempt, and appends of older epochs are refused."""
+        with self._fence_lock:
+            self._fence.raise_to(rollout_id, fence.epoch)
+            self._attempts[rollout_id] = list(fence.history)
+
     def note_snapshot_slots(self, rollout_id: str, slots: SnapshotSlots) -> None:
         """Tell the writer what a rollout's snapshot keys hold (restore learns it), so the next snapshot
         overwrites the older one and superseded blobs are tombstoned."""
         self._slots[rollout_id] = slots
-
-    def _tombstone_records(self, rollout_id: str) -> list[OutRecord]:
-        return tombstone_records(rollout_id, self._slots.pop(rollout_id, None))
 
     def _snapshot_records(self, draft: SnapshotDraft) -> list[OutRecord]:
         # Runs in the committer thread: no event of this rollout newer than
@@ -191,6 +209,27 @@ class Journal:
     def flush(self) -> None:
         """Wait until everything appended so far is durable."""
         self._committer.submit(lambda: []).result()
+
+    # -- partition ownership (a worker fleet's backend) ---------------------------------------
+    def take_partition(self, partition: int) -> None:
+        """Become the only writer of ``partition``: the backend fences its previous owner and ends
+        that owner's open transaction. Restore the partition's rollouts after this, never before."""
+        take = getattr(self.backend, "take_partition", None)
+        if take is None:
+            raise ConfigurationError(f"a {self.backend.kind} journal has one writer; partitions cannot be taken")
+        take(partition)
+        self._committed_end.pop(partition, None)  # the next snapshot asks where the partition ends now
+
+    def release_partition(self, partition: int) -> None:
+        """Stop writing ``partition`` (its rollouts were stopped and their appends are durable) and
+        forget what this writer knew of its rollouts: whoever takes it next restores them."""
+        self.backend.release_partition(partition)  # type: ignore[attr-defined]
+        with self._fence_lock:
+            for rollout_id in [r for r in self._attempts if self.partition_of(r) == partition]:
+                del self._attempts[rollout_id]
+                self._fence.forget(rollout_id)
+        for rollout_id in [r for r in self._slots if self.partition_of(r) == partition]:
+            self._slots.pop(rollout_id, None)
 
     def close(self) -> None:
         self._committer.close()
@@ -266,6 +305,7 @@ class Journal:
             fence = EpochFence()
             for rollout_id, cursor in wanted.items():
                 fence.raise_to(rollout_id, cursor.epoch, cursor.resume_seq)
+                fence.learn(rollout_id, dict(cursor.history))
             start = min(c.offset for c in wanted.values())
             chunks = ChunkJoiner(self.max_event_bytes)
             for stored in self.backend.read_events(partition, start):
@@ -314,9 +354,34 @@ class Journal:
             for exc in chunks.unfinished():
                 self._report(exc, report)
 
-    def snapshots(self) -> SnapshotIndex:
-        """Newest valid snapshot of every rollout still in the compacted stream."""
-        index = load_snapshots(self.codec, self.backend.read_snapshots())
+    def follow_workloads(self) -> "WorkloadFeed":
+        """The workload registrations as they are committed (a fleet's workers pick them up)."""
+        follow = getattr(self.backend, "follow_snapshots", None)
+        if follow is None:
+            raise ConfigurationError(f"a {self.backend.kind} journal cannot be followed; a fleet shares a Kafka namespace")
+        return WorkloadFeed(self.codec, follow())
+
+    def snapshots(self, partitions: Collection[int] | None = None) -> SnapshotIndex:
+        """Newest valid snapshot of every rollout still in the compacted stream (on ``partitions``
+        only, if given), with every fence and workload registration found there."""
+        index = load_snapshots(self.codec, self.backend.read_snapshots(partitions))
         for exc in index.errors:
             log.warning("%s", exc)
         return index
+
+
+class WorkloadFeed:
+    """New workload registrations, as they are committed to the snapshot stream."""
+
+    def __init__(self, codec: Codec, follower: object) -> None:
+        self._codec = codec
+        self._follower = follower
+
+    def poll(self) -> dict[str, WorkloadRegistered]:
+        """The registrations committed since the last poll (the first: all), newest per workload."""
+        records = [r for r in self._follower.poll()  # type: ignore[attr-defined]
+                   if r.error is None and (r.key.endswith(WORKLOAD_SUFFIX) or r.key.startswith(LEGACY_WORKLOAD_PREFIX))]
+        index = load_snapshots(self._codec, records)
+        for exc in index.errors:
+            log.warning("%s", exc)
+        return index.workloads

@@ -129,6 +129,16 @@ class KafkaSettings(BaseModel):
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
     operation_timeout_ms: int = Field(30_000, ge=100)
     """Bound on admin requests, offset queries and a read that makes no progress."""
+    group_protocol: Literal["classic", "consumer"] = "classic"
+    """The worker group's rebalance protocol. ``classic`` (with ``cooperative-sticky``) lets the
+    client set the session timeout below; ``consumer`` (KIP-848) takes it from the broker's group
+    config (45 s by default). See docs/design-notes.md for the measured failover of each."""
+    group_session_timeout_ms: int = Field(6_000, ge=1_000)
+    """Classic protocol: a worker silent for this long loses its partitions to the others (the
+    broker's ``group.min.session.timeout.ms``, 6 s by default, is the floor)."""
+    stable_read_timeout_ms: int = Field(10_000, ge=0)
+    """How long a writer's read (restore) waits for another producer's open transaction to end before
+    it refuses, naming the partition, rather than read a prefix that lacks later commits."""
 
     librdkafka: dict[str, str] = Field(default_factory=dict)
 
@@ -222,6 +232,16 @@ class KafkaSettings(BaseModel):
         The per-partition writers of a worker fleet use the slots ``p<N>`` (``<namespace>.p<N>``),
         so a single worker's slot should not be named ``p<N>``."""
         return None if self.transactional_id is None else f"{self.namespace}.{self.transactional_id}"
+
+    def partition_transactional_id(self, partition: int) -> str:
+        """``<namespace>.p<N>``: the ``transactional.id`` of whichever worker of a fleet owns partition N.
+        Taking the partition runs ``init_transactions`` with it, which fences the previous owner."""
+        return f"{self.namespace}.p{partition}"
+
+    @property
+    def group_id(self) -> str:
+        """``<namespace>.workers``: the consumer group whose assignment says which worker owns which partition."""
+        return f"{self.namespace}.workers"
 
     # -- secrets stay out of repr/str/logs ---------------------------------------------------
 

@@ -36,13 +36,18 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from .errors import ConfigurationError, JournalError
+from .errors import ClusterUnreachableError, ConfigurationError, JournalError
 from .kafka_config import KafkaSettings
 
 log = logging.getLogger(__name__)
 
 BROKER_DEFAULT = -1  # NewTopic's replication factor: the broker's default.replication.factor
 MIN_ISR = "min.insync.replicas"
+CLIENT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
+RECORD_FRAMING_BYTES = 8192  # room for the key, the record and batch framing, and compression's worst case
+_UNREACHABLE_CODES = frozenset({
+    KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT,
+})
 _CONFIG_ERROR_CODES = frozenset({
     KafkaError.INVALID_REPLICATION_FACTOR, KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_CONFIG,
     KafkaError.POLICY_VIOLATION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
@@ -101,6 +106,15 @@ def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool)
     return states
 
 
+def record_limits(states: dict[str, TopicState], settings: KafkaSettings) -> tuple[int | None, int]:
+    """(the topics' smallest ``max.message.bytes``, None if unknown; the largest record value the
+    journal may write, which it chunks anything larger to fit): the topics' limit and the
+    client's own, less room for framing."""
+    topic_limits = [state.max_message_bytes for state in states.values() if state.max_message_bytes]
+    client_limit = int(settings.librdkafka.get("message.max.bytes", CLIENT_MESSAGE_MAX_BYTES))
+    return min(topic_limits, default=None), min(*topic_limits, client_limit) - RECORD_FRAMING_BYTES
+
+
 def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[str, str]], timeout_s: float) -> None:
     s = settings
     replication = BROKER_DEFAULT if s.replication_factor is None else s.replication_factor
@@ -116,6 +130,10 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
             if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
             detail = f"{err.name()}: {err.str()}" if err is not None else repr(exc)
+            if err is not None and err.code() in _UNREACHABLE_CODES:
+                raise ClusterUnreachableError(
+                    f"cannot reach the Kafka cluster at {s.bootstrap_servers}: creating topic {topic} got no answer "
+                    f"within {timeout_s:g} s ({detail}); is it running, and is the address right?") from exc
             cls = ConfigurationError if err is None or err.code() in _CONFIG_ERROR_CODES else JournalError
             raise cls(
                 f"cannot create topic {topic} ({s.partitions} partitions, replication factor {asked}) "
@@ -136,6 +154,12 @@ def _describe(
             try:
                 metadata = admin.list_topics(topic=topic, timeout=timeout_s)
             except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if err is not None and err.code() in _UNREACHABLE_CODES:
+                    raise ClusterUnreachableError(
+                        f"cannot reach the Kafka cluster at {settings.bootstrap_servers}: reading the metadata of "
+                        f"topic {topic} got no answer within {timeout_s:g} s ({err.name()}); is it running, and is "
+                        "the address right?") from exc
                 raise JournalError(f"cannot read metadata of topic {topic} from {settings.bootstrap_servers}: {exc}") from exc
             meta = metadata.topics.get(topic)
             brokers = len(metadata.brokers)

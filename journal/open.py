@@ -4,6 +4,7 @@ backend) or ``kafka://host:port[,host:port]/namespace?...`` (Kafka)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from .backend import Backend
 from .errors import ConfigurationError
@@ -12,26 +13,40 @@ from .journal import Journal
 
 KAFKA_SCHEME = "kafka://"
 
+Mode = Literal["slot", "read", "partitions", "plain"]
+"""How a journal is opened: ``slot``, the single writer of its worker slot (``writer``); ``read``,
+only reading (never fences a writer); ``partitions``, a fleet worker that writes the partitions it
+takes (Kafka only); ``plain``, durable single-record writes without a transaction, topics created
+if missing (``submit``'s registration; Kafka only)."""
+
 
 def is_kafka_url(location: str) -> bool:
     return location.startswith(KAFKA_SCHEME)
 
 
-def open_backend(location: str, *, writer: str = "worker-0", read_only: bool = False) -> Backend:
+def open_backend(location: str, *, writer: str = "worker-0", read_only: bool = False,
+                 mode: Mode | None = None) -> Backend:
     """A backend for ``location``; ``writer`` is the stable worker slot (on Kafka the producer's
-    ``transactional.id`` is ``<namespace>.<writer>``)."""
+    ``transactional.id`` is ``<namespace>.<writer>``). ``read_only`` is ``mode="read"``."""
+    mode = mode or ("read" if read_only else "slot")
     if is_kafka_url(location):
         from .kafka_backend import KafkaBackend  # imported lazily: file users need no broker client
         from .kafka_config import KafkaSettings
 
         settings = KafkaSettings.from_url(location)
-        if settings.transactional_id is None:  # neither the URL nor the environment named a slot
+        if mode == "slot" and settings.transactional_id is None:  # neither the URL nor the environment named one
             settings = settings.model_copy(update={"transactional_id": writer})
-        return KafkaBackend(settings, transactional=not read_only, create_topics=not read_only)
+        if mode == "partitions":
+            return KafkaBackend(settings, partition_writers=True)
+        return KafkaBackend(settings, transactional=mode == "slot", create_topics=mode != "read")
     if "://" in location:
         raise ConfigurationError(f"journal location {location!r}: unknown scheme; use a directory path or kafka://host:port/namespace")
-    return FileBackend(Path(location), read_only=read_only)
+    if mode in ("partitions", "plain"):
+        raise ConfigurationError(f"journal {location}: a worker fleet shares a namespace on Kafka "
+                                 "(kafka://host:port/namespace); a file journal has one writer: use `rollout-journal run`")
+    return FileBackend(Path(location), read_only=mode == "read")
 
 
-def open_journal(location: str, *, writer: str = "worker-0", read_only: bool = False, **journal_options: object) -> Journal:
-    return Journal(open_backend(location, writer=writer, read_only=read_only), **journal_options)
+def open_journal(location: str, *, writer: str = "worker-0", read_only: bool = False, mode: Mode | None = None,
+                 **journal_options: object) -> Journal:
+    return Journal(open_backend(location, writer=writer, read_only=read_only, mode=mode), **journal_options)

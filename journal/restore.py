@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import RecordLocation, SnapshotsLostError
 from .events import WorkloadRegistered
@@ -37,30 +37,44 @@ class RolloutHistory:
 
 @dataclass
 class RestorePlan:
-    rollouts: dict[str, RolloutHistory]
+    rollouts: dict[str, RolloutHistory]  # every rollout to restore: unfinished, or finished and not acknowledged
     workloads: dict[str, WorkloadRegistered]
     report: ReadReport
     seconds: float
     events_replayed: int
+    acknowledged: dict[str, Fence] = field(default_factory=dict)  # the trainer took these: nothing to restore
 
 
-def load_rollouts(journal: Journal, report: ReadReport | None = None) -> RestorePlan:
-    """Every rollout still in the snapshot stream, with the events since its snapshot."""
+def load_rollouts(journal: Journal, report: ReadReport | None = None, *,
+                  partitions: Collection[int] | None = None, only: Collection[str] | None = None) -> RestorePlan:
+    """Every rollout still in the snapshot stream (on ``partitions`` only, if given: what a fleet's
+    worker owns; of the rollouts ``only`` names, if given: the workloads it knows), with the events
+    since its snapshot. The journal's writer learns each loaded rollout's fence and snapshot slots."""
     started = time.perf_counter()
     report = report if report is not None else ReadReport()
-    index = journal.snapshots()
+    index = journal.snapshots(partitions)
     report.errors.extend(index.errors)
     cursors: dict[str, Cursor] = {}
     histories: dict[str, RolloutHistory] = {}
+    acknowledged: dict[str, Fence] = {}
     for rollout_id in index.snapshots.keys() | index.fences.keys():
+        if only is not None and rollout_id not in only:
+            continue
         loaded, fence = index.snapshots.get(rollout_id), index.fences.get(rollout_id)
+        if fence is not None:
+            journal.note_fence(rollout_id, fence)
+        if fence is not None and fence.acknowledged:
+            acknowledged[rollout_id] = fence
+            continue
         histories[rollout_id] = RolloutHistory(rollout_id, loaded, fence=fence)
         if rollout_id in index.slots:
             journal.note_snapshot_slots(rollout_id, index.slots[rollout_id])
         if _final(loaded, fence):
             continue  # nothing of it follows its snapshot, so it must not pin where the read starts
         cursors[rollout_id] = _cursor(rollout_id, loaded, fence)
-    for rollout_id in _rollouts_only_the_log_names(journal, set(histories)):
+    for rollout_id in _rollouts_only_the_log_names(journal, set(histories) | set(acknowledged), partitions):
+        if only is not None and rollout_id not in only:
+            continue
         log.warning("rollout %s is missing from the damaged snapshot stream; replaying it from its first event",
                     rollout_id)
         histories[rollout_id] = RolloutHistory(rollout_id, None)
@@ -69,7 +83,7 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None) -> Restore
     for item in journal.read_rollouts(cursors, report):
         histories[item.event.header.rollout_id].events.append(item)
         replayed += 1
-    return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed)
+    return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed, acknowledged)
 
 
 def reload_rollout(journal: Journal, rollout_id: str, exclude: Collection[RecordLocation],
@@ -103,10 +117,12 @@ def _cursor(rollout_id: str, loaded: LoadedSnapshot | None, fence: Fence | None)
         cursor = Cursor(s.replay_offset, s.covers_seq, s.header.epoch)
     if fence is not None and fence.epoch > cursor.epoch:  # its AttemptStarted lies ahead of the cursor
         cursor = Cursor(cursor.offset, cursor.after_seq, fence.epoch, resume_seq=fence.seq)
+    if fence is not None:
+        cursor = replace(cursor, history=tuple(fence.starts().items()))
     return cursor
 
 
-def _rollouts_only_the_log_names(journal: Journal, known: set[str]) -> list[str]:
+def _rollouts_only_the_log_names(journal: Journal, known: set[str], partitions: Collection[int] | None) -> list[str]:
     """When the backend lost part of the snapshot stream (a file journal's missing snapshot
     generation), the stream no longer lists every rollout, but the event log, keyed by
     rollout, still does: one pass over the keys, nothing decoded. An acknowledged rollout is
@@ -115,6 +131,6 @@ def _rollouts_only_the_log_names(journal: Journal, known: set[str]) -> list[str]
     if not any(isinstance(damage, SnapshotsLostError) for damage in journal.backend.damage()):
         return []
     named: set[str] = set()
-    for partition in range(journal.backend.partitions):
+    for partition in range(journal.backend.partitions) if partitions is None else sorted(partitions):
         named.update(record.key for record in journal.backend.read_events(partition, 0) if record.error is None)
     return sorted(named - known)

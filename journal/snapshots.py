@@ -13,10 +13,14 @@ not hold the newest valid one, so after compaction the newest and the one
 before it remain, each with its blob chunks (a blob is tombstoned only once no
 slot refers to it). Acknowledgement tombstones both slots.
 
-The stream also holds each rollout's fence: ``<rollout>/fence`` is the
-``AttemptStarted`` of its newest attempt, written in the same commit. A
-snapshot of an older epoch counts only if it precedes the fence in the stream;
-one written after it comes from a zombie attempt and is ignored.
+The stream also holds each rollout's fence: ``<rollout>/fence`` is its
+``FenceHistory``, every attempt it ever started with the seq it resumed from,
+rewritten in the same commit as each ``AttemptStarted`` (journals before 0.3 kept
+the newest ``AttemptStarted`` there; it reads as a history of one). A snapshot of
+an older epoch counts only if it precedes the fence in the stream; one written
+after it comes from a zombie attempt and is ignored. Acknowledgement tombstones
+the snapshots and keeps the fence, marked acknowledged at the rollout's epoch, so
+a zombie's snapshot written afterwards never brings the rollout back.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from .backend import OutRecord, StoredRecord, Stream, compacted
 from .codec import Codec
 from .errors import CorruptRecordError, JournalError, RecordLocation
-from .events import AttemptStarted, BlobChunk, BlobRef, Header, Snapshot, WorkloadRegistered
+from .events import AttemptStarted, BlobChunk, BlobRef, FenceEntry, FenceHistory, Header, Snapshot, WorkloadRegistered
 
 RUNNING = "running"  # a snapshot status: events may follow it; any other status is final
 BLOB_MARK = "/blob/"
@@ -88,12 +92,25 @@ class LoadedSnapshot:
 
 @dataclass(frozen=True)
 class Fence:
-    """A rollout's newest attempt: events of older epochs from ``seq`` on are superseded."""
+    """A rollout's attempts as its fence record keeps them: the newest one (``epoch``, ``attempt``,
+    ``seq``: events of older epochs from ``seq`` on are superseded) and every one before it
+    (``history``, oldest first, the newest included), and the epoch at which the trainer
+    acknowledged the rollout (None: not acknowledged)."""
 
     epoch: int
     attempt: int
     seq: int
     location: RecordLocation
+    history: tuple[FenceEntry, ...] = ()
+    acknowledged_epoch: int | None = None
+
+    @property
+    def acknowledged(self) -> bool:
+        return self.acknowledged_epoch is not None
+
+    def starts(self) -> dict[int, int]:
+        """Epoch -> seq of its ``AttemptStarted``, for every attempt the history holds."""
+        return {entry.epoch: entry.seq for entry in self.history}
 
 
 @dataclass(frozen=True)
@@ -156,13 +173,19 @@ def snapshot_records(
     return records, SnapshotSlots(slot, tuple(blobs))
 
 
-def tombstone_records(rollout_id: str, slots: SnapshotSlots | None) -> list[OutRecord]:
-    """Everything a rollout holds in the snapshot stream, tombstoned: both slots, the fence, the
-    blobs the writer knows of (a blob it never learned of stays until the topic is deleted)."""
-    records = [OutRecord(Stream.SNAPSHOTS, key, None, rollout_id)
-               for key in (*(snapshot_key(rollout_id, slot) for slot in range(SLOTS)), fence_key(rollout_id))]
+def tombstone_records(rollout_id: str, slots: SnapshotSlots | None, *, keep_fence: bool = False) -> list[OutRecord]:
+    """What a rollout holds in the snapshot stream, tombstoned: both slots, the blobs the writer
+    knows of (a blob it never learned of stays until the topic is deleted) and, unless
+    ``keep_fence`` (an acknowledgement rewrites it instead), the fence."""
+    keys = [snapshot_key(rollout_id, slot) for slot in range(SLOTS)] + ([] if keep_fence else [fence_key(rollout_id)])
+    records = [OutRecord(Stream.SNAPSHOTS, key, None, rollout_id) for key in keys]
     blobs = {} if slots is None else {blob.sha256: blob for blob in slots.blobs if blob is not None}
     return [record for blob in blobs.values() for record in blob_tombstones(rollout_id, blob)] + records
+
+
+def fence_record(codec: Codec, history: FenceHistory) -> OutRecord:
+    """The rollout's fence history under its compacted key ``<rollout>/fence``."""
+    return OutRecord(Stream.SNAPSHOTS, fence_key(history.rollout_id), codec.encode(history), history.rollout_id)
 
 
 def blob_tombstones(rollout_id: str, blob: BlobRef) -> list[OutRecord]:
@@ -191,8 +214,14 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
         if slot_of is not None:
             candidates.setdefault(slot_of[0], []).extend((slot_of[1], record) for record in records)
     for rollout_id, found in candidates.items():
-        index.snapshots[rollout_id] = None
         fence = index.fences.get(rollout_id)
+        if fence is not None and fence.acknowledged:  # its snapshots were tombstoned: these came later
+            index.errors.extend(CorruptRecordError(
+                record.location, f"snapshot of rollout {rollout_id} was written after the rollout was acknowledged "
+                                 f"at epoch {fence.acknowledged_epoch}: a zombie attempt's; ignored")
+                for _, record in found)
+            continue
+        index.snapshots[rollout_id] = None
         blobs: list[BlobRef | None] = [None] * SLOTS
         keep_slot: int | None = None
         seen_slots: set[int] = set()
@@ -231,11 +260,18 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
 
 
 def _fence(codec: Codec, record: StoredRecord) -> Fence:
-    event = codec.decode(record.value, record.location)
-    if not isinstance(event, AttemptStarted):
-        raise CorruptRecordError(record.location, f"fence of {record.key} holds a {type(event).__name__}")
-    h = event.header
-    return Fence(h.epoch, h.attempt, h.seq, record.location)
+    value = codec.decode(record.value, record.location)
+    if isinstance(value, AttemptStarted):  # written before 0.3: the newest attempt only
+        h = value.header
+        return Fence(h.epoch, h.attempt, h.seq, record.location, (FenceEntry(h.attempt, h.epoch, h.seq, h.writer, h.ts_ms),))
+    if not isinstance(value, FenceHistory):
+        raise CorruptRecordError(record.location, f"fence of {record.key} holds a {type(value).__name__}")
+    if not value.attempts:  # acknowledged by a writer that knew no attempt of it
+        epoch = value.acknowledged_epoch or 0
+        return Fence(epoch, 0, 0, record.location, (), value.acknowledged_epoch)
+    newest = max(value.attempts, key=lambda entry: entry.epoch)
+    return Fence(newest.epoch, newest.attempt, newest.seq, record.location, tuple(value.attempts),
+                 value.acknowledged_epoch)
 
 
 def _workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:

@@ -29,6 +29,10 @@ _EXPORTS: dict[str, str] = {
     "RolloutReport": ".runner",
     "RestoreTiming": ".runner",
     "workload_specs": ".specs",
+    # a fleet of workers on one Kafka namespace
+    "FleetWorker": ".worker",
+    "WorkerReport": ".worker",
+    "submit_workload": ".worker",
     # the rollout as an aggregate
     "RolloutSpec": ".rollout_state",
     "RolloutProgress": ".rollout_state",
@@ -94,6 +98,7 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "ENVIRONMENTS",
     "Environment",
     "EnvironmentFactory",
+    "FleetWorker",
     "Generation",
     "GenerationBackend",
     "GenerationRequest",
@@ -129,6 +134,7 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "UnknownEnvironmentError",
     "VllmBackend",
     "VllmEngine",
+    "WorkerReport",
     "WorkloadConfig",
     "build_backend",
     "check_journal_location",
@@ -140,6 +146,7 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "restore_state",
     "run_workload",
     "serve_resources",
+    "submit_workload",
     "tiny_model_dir",
     "workload_specs",
 ]
@@ -198,6 +205,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from .tiny_model import tiny_model_dir
     from .torch_policy import TorchPolicy
     from .vllm_backend import VllmBackend, VllmEngine
+    from .worker import FleetWorker, WorkerReport, submit_workload
     from .workload import build_backend, open_workload_journal, run_workload
 
 

@@ -56,8 +56,9 @@ _SNAPSHOT_FORMAT_V1 = "rollout-journal/rollout-state/1"  # 0.1.0: exports only, 
 
 class StateFoldError(RolloutJournalError):
     """A rollout's events cannot be applied in order (a gap or a duplicate in its
-    sequence numbers, or a fence whose attempt is missing): that rollout's journal
-    is damaged or was read incompletely."""
+    sequence numbers, a fence whose attempt is missing, or two attempts that claimed
+    the same epoch): that rollout's journal is damaged, was read incompletely, or was
+    written by two workers at once. The rollout alone is set aside."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,10 @@ class RolloutProgress:
             problem = "a record is missing" if h.seq > self.next_seq else "a record appears twice"
             raise StateFoldError(f"rollout {self.rollout_id}: expected seq {self.next_seq}, found {h.seq} "
                                  f"({type(event).__name__}); {problem}")
+        if isinstance(event, AttemptStarted) and self.attempt and h.epoch <= self.epoch:
+            raise StateFoldError(f"rollout {self.rollout_id}: attempt {h.attempt} (written by {h.writer}) claims epoch "
+                                 f"{h.epoch}, which attempt {self.attempt} already holds (epoch {self.epoch}): two "
+                                 "writers resumed this rollout at once; its journal needs a look before it runs on")
         self.next_seq = max(self.next_seq, h.seq + 1)
         if isinstance(event, AttemptStarted):
             self._on_attempt(event)

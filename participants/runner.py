@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from journal.anchoring import HeadSigner
-from journal.errors import ConfigurationError, JournalClosedError, RecordLocation
+from journal.errors import ConfigurationError, FencedWriteError, JournalClosedError, PartitionFencedError, RecordLocation
 from journal.events import Header, RolloutAcknowledged, WorkloadRegistered
 from journal.journal import Journal
-from journal.restore import RolloutHistory, load_rollouts, reload_rollout
+from journal.restore import RestorePlan, RolloutHistory, load_rollouts, reload_rollout
 
 from .agent import Agent, JournalSink, LiveRollout, NullSink, durable
 from .checkpoint import CoordinatedCheckpointer
@@ -29,7 +29,7 @@ from .environments import Environment
 from .generation import GenerationBackend
 from .model import ModelParticipant
 from .resource_client import EnvironmentFactory
-from .resources import Recovery, ResourceError
+from .resources import Recovery, ResourceError, StaleEpochError
 from .specs import fork_specs, workload_specs
 from .rollout_state import RolloutSpec, RolloutState, StateFoldError, restore_state
 from .tokenizer import ChatTokenizer
@@ -111,17 +111,27 @@ class RunReport:
 ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that turn is durable
 
 
+def taken_over(exc: BaseException) -> bool:
+    """Whether a rollout's failure says another worker took it over: its partition's writer was
+    fenced, the journal knows a newer epoch, or a resource refused a stale one."""
+    return isinstance(exc, (PartitionFencedError, FencedWriteError, StaleEpochError))
+
+
 class Runner:
     def __init__(self, config: WorkloadConfig, journal: Journal | None, backend: GenerationBackend,
                  tokenizer: ChatTokenizer, *, progress: ProgressCallback | None = None,
                  hold_until_acknowledged: bool = False,
-                 signer: HeadSigner | None = None, topology_override: str | None = None) -> None:
+                 signer: HeadSigner | None = None, topology_override: str | None = None,
+                 fleet: bool = False) -> None:
         """``hold_until_acknowledged`` keeps a finished rollout waiting for the trainer's
         acknowledgement (``acknowledge``) before the run may end, as a GRPO trainer holds a
         prompt group until every sibling is in. ``signer`` anchors the resources' chain heads
         (``HeadSigner.from_environment()`` is what ``run_workload`` passes). ``topology_override``
         (why) lets a resume go on with another topology than the journal's; it is recorded in
-        each resumed attempt."""
+        each resumed attempt. ``fleet`` (a fleet's worker, which admits and releases rollouts as
+        partitions come and go): a rollout whose partition another worker took over (its appends
+        refused as fenced) is dropped alone, where a single process stops, since its whole slot
+        was taken; and a rollout that is done is let go at once (its environment closed)."""
         self.config = config
         self.topology_override = topology_override
         self.journal = journal
@@ -133,6 +143,18 @@ class Runner:
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}
         self.hold_until_acknowledged = hold_until_acknowledged
+        self.fleet = fleet
+        self.report = RunReport()  # of the current run (a fleet's worker: of its whole life)
+        self.dropped: dict[str, str] = {}  # rollouts another worker took over while this one drove them (why)
+        self.failure: BaseException | None = None  # the first rollout task that failed (the run stops)
+        self.failed = asyncio.Event()
+        self._drives: dict[str, asyncio.Task] = {}
+        self._driving: set[str] = set()  # holding a concurrency slot: running turns
+        self._stopping: set[str] = set()  # asked to stop at the next turn boundary
+        self._semaphore: asyncio.Semaphore | None = None
+        self._checkpoints: asyncio.Task | None = None
+        self._checkpoint_lock = asyncio.Lock()
+        self._tally: dict[str, tuple[int, int]] = {}  # turns and tokens run here in earlier admissions
         self.restore = RestoreTiming()  # of the current run; restoring adds its folding and rebuilding
         self.environments = EnvironmentFactory.for_workload(config)  # in process, or at a resource server
         self.checkpointer: CoordinatedCheckpointer | None = None
@@ -144,33 +166,68 @@ class Runner:
         """Drive every rollout to its end. ``stop_after`` leaves the named rollouts
         once they have that many committed turns (a crash at a turn boundary, for
         tests and for forking)."""
-        report = RunReport()
+        report = self.report = RunReport()
         self.restore = report.restore
         started = time.perf_counter()
-        histories: dict[str, RolloutHistory] = {}
-        registration: WorkloadRegistered | None = None
-        workloads: dict[str, WorkloadRegistered] = {}
         specs = workload_specs(self.config)
+        plan: RestorePlan | None = None
+        registration: WorkloadRegistered | None = None
         if self.journal is not None:
             plan = load_rollouts(self.journal)
-            histories = plan.rollouts
-            workloads = plan.workloads
-            registration = workloads.get(self.config.name)
+            registration = plan.workloads.get(self.config.name)
             report.restore.read_s, report.events_replayed = plan.seconds, plan.events_replayed
             report.read_errors = [str(e) for e in plan.report.errors]
-            if not resume and (registration is not None or {s.rollout_id for s in specs} & histories.keys()):
+            if not resume and (registration is not None or {s.rollout_id for s in specs}
+                               & (plan.rollouts.keys() | plan.acknowledged.keys())):
                 raise ConfigurationError(
                     f"journal {self.config.journal} already holds workload {self.config.name!r}; "
                     "use `rollout-journal resume` to continue it, or point --journal at a fresh location"
                 )
-        registered = set(registration.rollout_ids) if registration is not None else set()
         own_ids = {s.rollout_id for s in specs}
-        if resume:  # forks of this workload's rollouts continue too (see participants.specs)
-            forks = [f for f in fork_specs(specs, workloads) if f.rollout_id in histories]
-            if forks and registration is None and not own_ids & histories.keys():
+        if resume and plan is not None:  # forks of this workload's rollouts continue too (see participants.specs)
+            forks = [f for f in fork_specs(specs, plan.workloads) if f.rollout_id in plan.rollouts]
+            if forks and registration is None and not own_ids & plan.rollouts.keys():
                 # A journal of forks only (`fork --journal-out`): the workload's own rollouts live elsewhere.
                 specs, own_ids = [], set()
             specs += forks
+        admitted = await self.admit(specs, plan, registration)
+        registered = set(registration.rollout_ids) if registration is not None else set()
+        stale_registration = registration is not None and registration.topology != self.config.topology()
+        if self.journal is not None and self.config.journaling and (registered != own_ids or stale_registration):
+            # after the first commits: each has a fence (forks are registered by `fork`, not here)
+            await self._register_workload([s for s in specs if s.rollout_id in own_ids], registration)
+        for live in admitted:
+            self.launch(live, (stop_after or {}).get(live.spec.rollout_id))
+        try:
+            await self._drive_all()
+        finally:
+            for live in self.live.values():
+                live.env.close()
+            await self.environments.aclose()
+        for rid in self.live:
+            self._note_progress(rid)
+        if self.journal is not None:
+            self.journal.flush()
+        report.run_seconds = time.perf_counter() - started
+        return report
+
+    async def admit(self, specs: list[RolloutSpec], plan: RestorePlan | None,
+                    registration: WorkloadRegistered | None) -> list[LiveRollout]:
+        """Take over ``specs`` from what ``plan`` restored: each unfinished rollout as attempt N+1
+        (fenced), each one the journal lacks as attempt 1; a finished one is offered again, an
+        acknowledged one reported. Returns once their fences are durable; the rollouts to drive
+        (see :meth:`launch`). A rollout whose journal does not fold is set aside alone.
+
+        The single-process ``run`` admits the whole workload from a restore of the whole
+        journal; a fleet's worker admits the rollouts of each partition it is assigned."""
+        report = self.report
+        histories = plan.rollouts if plan is not None else {}
+        acknowledged = set(plan.acknowledged) if plan is not None else set()
+        if registration is not None and not registration.acknowledgement_markers:
+            # Registered before acknowledgement kept a marker: a registered rollout gone from the
+            # snapshot stream was acknowledged (the registration followed its first commit).
+            acknowledged |= {s.rollout_id for s in specs if s.rollout_id in registration.rollout_ids
+                             and s.rollout_id not in histories}
         restored: dict[str, tuple[RolloutHistory, RolloutState]] = {}
         folding = time.perf_counter()
         for spec in specs:  # every state first: nothing starts before the topology is checked
@@ -184,13 +241,13 @@ class Runner:
         if histories:  # a fresh run folds nothing
             self.restore.fold_s += time.perf_counter() - folding
         override = self._topology_check(registration, [state for _, state in restored.values()])
-        first_commits = []
+        first_commits: list[tuple[str, Awaitable[None]]] = []
+        admitted: list[LiveRollout] = []
         for spec in specs:
             history = histories.get(spec.rollout_id)
-            if spec.rollout_id in report.rollouts:
-                continue  # set aside above
-            if history is None and spec.rollout_id in registered:
-                # Registered, yet gone from the snapshot stream: the trainer acknowledged it.
+            if spec.rollout_id in report.rollouts and report.rollouts[spec.rollout_id].set_aside:
+                continue  # set aside above (or before: it stays aside until a resume by hand)
+            if spec.rollout_id in acknowledged:  # the trainer took it: nothing to run or offer
                 report.rollouts[spec.rollout_id] = RolloutReport(spec.rollout_id, 0, 0, 0, False, False,
                                                                  acknowledged=True)
                 continue
@@ -202,80 +259,174 @@ class Runner:
                 self._set_aside(report, spec, exc)
                 continue
             live, rollout_report, commit = prepared
+            previous = report.rollouts.get(spec.rollout_id)
+            if previous is not None:  # driven here before (a partition that came back): keep the tally
+                self._tally[spec.rollout_id] = (previous.turns_run_here, previous.tokens_run_here)
             report.rollouts[spec.rollout_id] = rollout_report
             if live is not None:
                 self.live[spec.rollout_id] = live
                 self.states[spec.rollout_id] = live.state
+                admitted.append(live)
             if commit is not None:
-                first_commits.append(commit)
+                first_commits.append((spec.rollout_id, commit))
         fencing = time.perf_counter()
-        await asyncio.gather(*first_commits)
+        results = await asyncio.gather(*(commit for _, commit in first_commits), return_exceptions=True)
         if histories:  # the resumed attempts' fences (a new rollout's first commit rides along, one group commit)
-            report.restore.fence_s = time.perf_counter() - fencing
-        stale_registration = registration is not None and registration.topology != self.config.topology()
-        if self.journal is not None and self.config.journaling and (registered != own_ids or stale_registration):
-            # after the first commits: a registered rollout has a snapshot
-            await self._register_workload([s for s in specs if s.rollout_id in own_ids])
-        semaphore = asyncio.Semaphore(self.config.concurrency)
+            report.restore.fence_s += time.perf_counter() - fencing
+        failed = {rid: r for (rid, _), r in zip(first_commits, results) if isinstance(r, BaseException)}
+        stopping = [r for r in failed.values() if not (self.fleet and taken_over(r))]
+        if stopping:
+            for live in admitted:
+                self._forget(live.spec.rollout_id)
+            raise stopping[0]
+        for rollout_id, exc in failed.items():  # a fleet's partition taken over meanwhile: those rollouts alone go
+            log.info("rollout %s: taken over by another worker before its first commit: %s", rollout_id, exc)
+            self.dropped[rollout_id] = str(exc)
+            self._forget(rollout_id)
+        return [live for live in admitted if live.spec.rollout_id not in failed]
 
-        async def drive(live: LiveRollout) -> None:
-            async with semaphore:
-                limit = (stop_after or {}).get(live.spec.rollout_id)
+    def launch(self, live: LiveRollout, limit: int | None = None) -> None:
+        """Drive ``live`` to its end in the background (``limit``: leave it after that many committed
+        turns); :meth:`release` stops it at a turn boundary."""
+        rollout_id = live.spec.rollout_id
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.config.concurrency)
+        task = asyncio.create_task(self._drive(live, limit), name=f"drive {rollout_id}")
+        self._drives[rollout_id] = task
+        task.add_done_callback(self._drive_done)
+        if self.checkpointer is not None and self._checkpoints is None:
+            self._checkpoints = asyncio.create_task(self._checkpoint_periodically(), name="checkpoints")
+            self._checkpoints.add_done_callback(self._drive_done)  # a failed checkpoint stops the run too
+
+    async def _drive(self, live: LiveRollout, limit: int | None) -> None:
+        rollout_id = live.spec.rollout_id
+        async with self._semaphore:  # type: ignore[union-attr]
+            self._driving.add(rollout_id)
+            try:
                 while not live.state.finished and live.state.failure is None \
-                        and (limit is None or live.state.next_turn < limit):
+                        and (limit is None or live.state.next_turn < limit) and rollout_id not in self._stopping:
                     await self.agent.run_turn(live)
                 await self.agent.settle(live)
-            if live.state.finished and self.hold_until_acknowledged:
-                await live.acknowledged.wait()
+            except BaseException as exc:
+                if not (self.fleet and taken_over(exc)):
+                    raise
+                # Another worker owns it now (this one missed its session): nothing more of it is written here.
+                log.info("rollout %s: taken over by another worker, dropped here: %s", rollout_id, exc)
+                self.dropped[rollout_id] = str(exc)
+                self._done_here(rollout_id)
+                return
+            finally:
+                self._driving.discard(rollout_id)
+        if live.state.finished and self.hold_until_acknowledged and rollout_id not in self._stopping:
+            await live.acknowledged.wait()
+        if rollout_id not in self._stopping:
+            self._done_here(rollout_id)
 
-        async def checkpoints() -> None:
-            while True:
-                await asyncio.sleep(self.config.coordinated_every_s)
-                await self.checkpointer.checkpoint(self.live.values())
+    def _done_here(self, rollout_id: str) -> None:
+        """A fleet's worker lets a rollout go once it is done (the single-process run keeps its
+        rollouts until the end: its report and callers read them)."""
+        if self.fleet:
+            asyncio.get_running_loop().call_soon(self._forget, rollout_id)
 
+    def _drive_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        if self.failure is None:
+            self.failure = task.exception()
+            self.failed.set()
+        elif not isinstance(task.exception(), JournalClosedError):  # a journal's fatal stop fails every rollout alike
+            log.error("rollout task also failed: %r", task.exception())
+
+    async def _drive_all(self) -> None:
+        """Wait until every launched rollout is done. The first failure cancels the rest and is
+        raised as itself; the others are logged."""
         try:
-            await self._drive_all(drive, checkpoints)
+            while self._drives and self.failure is None:
+                pending = [t for t in self._drives.values() if not t.done()]
+                if not pending:
+                    break
+                failed = asyncio.ensure_future(self.failed.wait())
+                await asyncio.wait([*pending, failed], return_when=asyncio.FIRST_COMPLETED)
+                failed.cancel()
+            if self.failure is not None:
+                raise self.failure
         finally:
-            for live in self.live.values():
-                live.env.close()
-            await self.environments.aclose()
-        for rid, live in self.live.items():
-            r = report.rollouts[rid]
-            r.turns_run_here, r.tokens_run_here = live.turns_run_here, live.tokens_run_here
-            r.outcome, r.failed = live.state.outcome, live.state.failure
-        if self.journal is not None:
-            self.journal.flush()
-        report.run_seconds = time.perf_counter() - started
-        return report
+            running = [t for t in self._drives.values() if not t.done()]
+            if self._checkpoints is not None:
+                running.append(self._checkpoints)
+            for task in running:
+                task.cancel()
+            await asyncio.gather(*running, return_exceptions=True)
+            self._checkpoints = None
 
-    async def _drive_all(self, drive, checkpoints) -> None:
-        """Drive every live rollout (and periodic checkpoints) until all are done. The first
-        failure cancels the rest and is raised as itself; the others are logged."""
-        try:
-            async with asyncio.TaskGroup() as group:
-                drives = [group.create_task(drive(live)) for live in self.live.values()]
-                if self.checkpointer is not None:
-                    periodic = group.create_task(checkpoints())
+    async def _checkpoint_periodically(self) -> None:
+        assert self.checkpointer is not None
+        while True:
+            await asyncio.sleep(self.config.coordinated_every_s)
+            async with self._checkpoint_lock:  # a rollout is let go only between checkpoints
+                await self.checkpointer.checkpoint(list(self.live.values()))
 
-                    async def stop_checkpoints() -> None:
-                        await asyncio.gather(*drives)
-                        periodic.cancel()
+    async def release(self, rollout_ids: list[str]) -> None:
+        """Stop these rollouts at a turn boundary, wait until every turn they appended is durable,
+        and let them go (their environments closed): a worker that hands a partition on has
+        written everything it ran, so the next owner redoes nothing."""
+        waiting = []
+        for rollout_id in rollout_ids:
+            task = self._drives.get(rollout_id)
+            if task is None:
+                continue
+            self._stopping.add(rollout_id)
+            if rollout_id not in self._driving:
+                task.cancel()  # still waiting for a slot: it ran nothing
+            waiting.append(task)
+        for task, outcome in zip(waiting, await asyncio.gather(*waiting, return_exceptions=True)):
+            if isinstance(outcome, BaseException) and not isinstance(outcome, asyncio.CancelledError):
+                log.warning("%s ended with %r while being released", task.get_name(), outcome)
+        async with self._checkpoint_lock:
+            for rollout_id in rollout_ids:
+                self._forget(rollout_id)
 
-                    group.create_task(stop_checkpoints())
-        except BaseExceptionGroup as failures:
-            first, *others = failures.exceptions
-            for other in others:  # a journal's fatal error (or its stop) fails every waiting rollout alike
-                if other is not first and not isinstance(other, JournalClosedError):
-                    log.error("rollout task also failed: %r", other)
-            raise first from None
+    async def drop(self, rollout_ids: list[str]) -> None:
+        """Let these rollouts go at once, without another write: another worker owns them now."""
+        waiting = []
+        for rollout_id in rollout_ids:
+            task = self._drives.get(rollout_id)
+            if task is not None:
+                self._stopping.add(rollout_id)
+                task.cancel()
+                waiting.append(task)
+                self.dropped.setdefault(rollout_id, "its partition was lost")
+        await asyncio.gather(*waiting, return_exceptions=True)
+        async with self._checkpoint_lock:
+            for rollout_id in rollout_ids:
+                self._forget(rollout_id)
 
-    async def _register_workload(self, specs: list[RolloutSpec]) -> None:
-        """Record the workload and every rollout id it holds. From then on a registered
-        rollout missing from the snapshot stream was acknowledged, and a rollout of the
-        workload that is not registered (the workload grew) has never started."""
+    def _forget(self, rollout_id: str) -> None:
+        """Record what this worker did for the rollout, close its environment, and drop it."""
+        if rollout_id in self.live:
+            self._note_progress(rollout_id)
+            self.live.pop(rollout_id).env.close()
+        self.states.pop(rollout_id, None)
+        self._drives.pop(rollout_id, None)
+        self._stopping.discard(rollout_id)
+
+    def _note_progress(self, rollout_id: str) -> None:
+        live, r = self.live[rollout_id], self.report.rollouts.get(rollout_id)
+        if r is None:
+            return
+        turns, tokens = self._tally.get(rollout_id, (0, 0))
+        r.turns_run_here, r.tokens_run_here = turns + live.turns_run_here, tokens + live.tokens_run_here
+        r.outcome, r.failed = live.state.outcome, live.state.failure
+
+    async def _register_workload(self, specs: list[RolloutSpec], previous: WorkloadRegistered | None) -> None:
+        """Record the workload and every rollout id it holds. An acknowledged rollout keeps its fence,
+        marked, in the snapshot stream, so a registered rollout missing from it has never started;
+        a journal registered before that (``previous`` without ``acknowledgement_markers``) keeps
+        reading a missing registered rollout as acknowledged."""
+        markers = previous is None or previous.acknowledgement_markers
         registration = WorkloadRegistered(
             self.config.name, self.config.model_dump_json(), [s.rollout_id for s in specs],
-            self.config.topology(), Header.now_ms(), self.config.writer)
+            self.config.topology(), Header.now_ms(), self.config.writer, markers)
         await durable(self.journal.register_workload(registration))
 
     def _new_environment(self, spec: RolloutSpec, *, fresh: bool = False) -> Environment:

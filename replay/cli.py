@@ -44,6 +44,11 @@ crashed workload resumes each rollout at its last finished turn.
   rollout-journal kafka up             a local Kafka broker from Maven jars (no Docker)
   rollout-journal serve-resources --environment workplace --port 8700
                                        a resource server: that environment's resources behind HTTP
+
+A fleet of workers on one Kafka namespace (see README, "Running a fleet"):
+  rollout-journal submit examples/demo.yaml --journal kafka://host:port/ns
+  rollout-journal worker --journal kafka://host:port/ns     (as many as you like, anywhere)
+  rollout-journal status --journal kafka://host:port/ns --watch
 """
 
 # Exit codes of run/resume/demo, most specific error first. One table serves the mapping
@@ -99,6 +104,37 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the report as JSON")
 
     replay = add_replay_commands(sub)
+    submit = sub.add_parser("submit", help="record a workload in a Kafka namespace for a fleet of workers (once)",
+                            description="Records the workload (its settings and every rollout id) in the namespace; "
+                                        "workers started with `worker --journal` pick it up. Submitting the same "
+                                        "workload again changes nothing; one of the same name with other settings "
+                                        "is refused.",
+                            epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    submit.add_argument("config", help="workload YAML (see examples/demo.yaml)")
+    submit.add_argument("--journal", help="kafka://host:port/namespace (default: the config's journal)")
+    submit.add_argument("--json", action="store_true", help="print what was recorded as JSON")
+    worker = sub.add_parser("worker", help="join a fleet: drive the rollouts of the partitions Kafka assigns here",
+                            description="Joins the namespace's consumer group <namespace>.workers. Kafka assigns "
+                                        "this worker partitions; it restores their unfinished rollouts as new "
+                                        "attempts and drives every submitted workload's rollouts there. SIGTERM "
+                                        "or Ctrl-C: its rollouts stop at a turn boundary, their turns are made "
+                                        "durable, and its partitions move to the other workers.",
+                            epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    worker.add_argument("--journal", required=True, help="kafka://host:port/namespace")
+    worker.add_argument("--name", help="this worker's name in `status` and in the events it writes "
+                                       "(default: <host>-<pid>)")
+    worker.add_argument("--instance-id", help="static group membership: restarted under the same id within the "
+                                              "session timeout, the worker gets its partitions back without a "
+                                              "rebalance (but leaving holds them for the session timeout)")
+    worker.add_argument("--progress-lines", action="store_true",
+                        help="print one machine-readable line per committed turn and per membership change")
+    worker.add_argument("--json", action="store_true", help="print the worker's report as JSON when it stops")
+    status = sub.add_parser("status", help="per rollout and per partition: owner, attempt, epoch, turns (reads only)")
+    status.add_argument("--journal", required=True, help="kafka://host:port/namespace (or a journal directory)")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument("--watch", nargs="?", type=float, const=2.0, metavar="SECONDS",
+                        help="refresh every SECONDS (default 2) until every workload is done, or Ctrl-C")
+    status.add_argument("--partitions-only", action="store_true", help="leave out the per-rollout table")
 
     from . import audit, report_html, verify
     audit.add_command(sub)
@@ -201,6 +237,98 @@ def _demo(args: argparse.Namespace) -> int:
     print(json.dumps(report.as_json(), indent=2) if args.json else format_table(report))
     good = report.identical_to_uninterrupted and report.as_json()["turns_thrown_away"] == 0
     return EXIT_OK if good else EXIT_ROLLOUTS_FAILED
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from participants.config import WorkloadConfig
+
+    config = WorkloadConfig.load(args.config, journal=args.journal)  # validated before anything is created
+    from participants.worker import submit_workload
+
+    registration, new = submit_workload(config, config.journal)
+    if args.json:
+        print(json.dumps({"journal": config.journal, "workload": registration.name, "submitted": new,
+                          "rollouts": len(registration.rollout_ids), "topology": registration.topology}, indent=2))
+    elif new:
+        print(f"submitted workload {registration.name} ({len(registration.rollout_ids)} rollouts) to {config.journal}; "
+              f"start workers with: rollout-journal worker --journal {config.journal}")
+    else:
+        print(f"workload {registration.name} was already submitted to {config.journal} with these settings; "
+              "nothing changed")
+    return EXIT_OK
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from participants.config import check_journal_location
+
+    check_journal_location(args.journal)
+    from participants.worker import FleetWorker
+
+    def on_turn(rollout_id: str, turn: int) -> None:
+        if args.progress_lines:
+            print(f"turn-committed {rollout_id} {turn}", flush=True)
+
+    def on_event(line: str) -> None:
+        if args.progress_lines:
+            print(line, flush=True)
+        else:
+            print(f"rollout-journal worker: {line}", file=sys.stderr, flush=True)
+
+    worker = FleetWorker(args.journal, name=args.name, instance_id=args.instance_id, on_turn=on_turn,
+                         on_event=on_event)
+
+    async def until_stopped():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):  # both mean: hand the partitions on cleanly
+            loop.add_signal_handler(sig, stop.set)
+        return await worker.run(stop)
+
+    report = asyncio.run(until_stopped())
+    summary = {"worker": report.name, "journal": args.journal, "seconds": round(report.seconds, 3),
+               "turns_run": report.turns_run, "finished_here": report.finished_here,
+               "partitions_taken": report.partitions_taken, "partitions_released": report.partitions_released,
+               "partitions_lost": report.partitions_lost, "dropped": report.dropped,
+               "set_aside": {rid: why for r in report.workloads.values() for rid, why in r.set_aside.items()}}
+    if args.json and args.progress_lines:  # a line like the others
+        print(f"worker-report {json.dumps(summary)}", flush=True)
+    elif args.json:
+        print(json.dumps(summary, indent=2))
+    elif not args.progress_lines:
+        print(f"worker {report.name} stopped after {summary['seconds']} s: {report.turns_run} turns run, "
+              f"{report.finished_here} rollouts finished here, {report.partitions_taken} partitions taken, "
+              f"{report.partitions_released} handed on, {report.partitions_lost} lost, "
+              f"{len(report.dropped)} rollouts dropped to their new owners")
+    for rollout_id, why in summary["set_aside"].items():
+        print(f"rollout-journal: rollout {rollout_id} set aside (the others ran): {why}", file=sys.stderr)
+    return EXIT_ROLLOUTS_FAILED if summary["set_aside"] else EXIT_OK
+
+
+def _status(args: argparse.Namespace) -> int:
+    import time
+
+    from participants.config import check_journal_location
+
+    from .status import fleet_status, format_status
+
+    check_journal_location(args.journal)
+    while True:
+        status = fleet_status(args.journal)
+        if args.json:
+            print(json.dumps(status.as_json(), indent=None if args.watch else 2), flush=True)
+        else:
+            if args.watch and sys.stdout.isatty():
+                print("\033[H\033[2J", end="")  # a refreshing view: clear the screen first
+            print("\n".join(format_status(status, rollouts=not args.partitions_only)), flush=True)
+        if not args.watch or status.done:
+            return EXIT_OK
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:  # the usual way to leave --watch
+            return EXIT_OK
 
 
 # -- replay commands: each parses its arguments, calls one library function, prints ---------------
@@ -335,6 +463,12 @@ def main(argv: list[str] | None = None) -> int:
             return _workload(args, resume=args.command == "resume")
         if args.command == "demo":
             return _demo(args)
+        if args.command == "submit":
+            return _submit(args)
+        if args.command == "worker":
+            return _worker(args)
+        if args.command == "status":
+            return _status(args)
         if args.command == "audit":
             from . import audit
             return audit.run_command(args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from journal.errors import (
     AbortableCommitError,
+    ClusterUnreachableError,
     ConfigurationError,
     CorruptRecordError,
     FatalJournalError,
@@ -14,6 +15,7 @@ from journal.errors import (
     NotInJournalError,
     ProducerFencedError,
     RolloutJournalError,
+    UnstableReadError,
     WriterLockedError,
     writer_fenced,
 )
@@ -45,7 +47,8 @@ def _error_classes() -> list[tuple[tuple[type[BaseException], ...], int]]:
         ((ExportError,), EXIT_JOURNAL_DAMAGED),
         ((WriterLockedError, ProducerFencedError, FencedWriteError), EXIT_WRITER_TAKEN),
         ((CorruptRecordError, JournalDamageError, StateFoldError), EXIT_JOURNAL_DAMAGED),
-        ((FatalJournalError, JournalClosedError, AbortableCommitError, OSError), EXIT_JOURNAL_FAILED),
+        ((FatalJournalError, JournalClosedError, AbortableCommitError, UnstableReadError,
+          ClusterUnreachableError, OSError), EXIT_JOURNAL_FAILED),
         ((RolloutJournalError,), EXIT_OTHER),
     ]
 
@@ -64,7 +67,8 @@ exit codes (an error of any command ends with one of 3-8 and one line on stderr)
        command printed what it could and names the first record it could not read;
        export: the copy's counts or checksums differ from the source's)
   {EXIT_WRITER_TAKEN}    another writer holds this journal or worker slot, or fenced this one
-  {EXIT_JOURNAL_FAILED}    the journal failed while writing or reading (I/O error, broker unreachable)
+  {EXIT_JOURNAL_FAILED}    the journal failed while writing or reading (I/O error, broker unreachable,
+       an open transaction held a restore back)
   {EXIT_OTHER}    any other rollout-journal error
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
 Errors are one line on stderr: rollout-journal: <what, naming the thing>.

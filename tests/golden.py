@@ -27,7 +27,7 @@ import json
 import shutil
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -160,8 +160,8 @@ class RecordDumpBackend(Backend):
     def read_events(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
         return (r for r in self._stored("events", partition) if r.location.offset >= from_offset)
 
-    def read_snapshots(self) -> Iterator[StoredRecord]:
-        for partition in range(self.partitions):
+    def read_snapshots(self, partitions: Collection[int] | None = None) -> Iterator[StoredRecord]:
+        for partition in range(self.partitions) if partitions is None else sorted(partitions):
             yield from self._stored("snapshots", partition)
 
     def end_offset(self, partition: int) -> int:

@@ -232,6 +232,52 @@ class JournalConformance:
         assert [(e.event.header.seq, e.event.header.epoch) for e in events] == [(2, 2), (3, 2)]
         assert [d.epoch for d in plan.report.fenced] == [1]
 
+    def test_a_zombie_turn_stays_dropped_after_two_later_attempts(self, journal: Journal) -> None:
+        # Attempt 2 resumes from seq 2; attempt 1, a zombie, commits its seq-2 turn after that fence.
+        # Attempt 3 takes over and crashes before its first snapshot: restore must still drop the zombie's turn.
+        journal.append_sync([started("r1", 0), turn_done("r1", 1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"a1"))
+        journal.append_sync([started("r1", 2, attempt=2, epoch=2, turn=1)])
+        zombie = Journal(journal.backend)  # attempt 1, in a process that never saw the fence
+        zombie.append_sync([turn_done("r1", 2, turn=1)])
+        journal.append_sync([turn_done("r1", 3, turn=1, epoch=2, attempt=2)])
+        journal.append_sync([started("r1", 4, attempt=3, epoch=3, turn=2)])
+
+        plan = load_rollouts(journal)
+
+        history = plan.rollouts["r1"]
+        assert [(e.event.header.seq, e.event.header.epoch) for e in history.events] == [(2, 2), (3, 2), (4, 3)]
+        assert [(d.epoch, d.record) for d in plan.report.fenced] == [(1, "TurnCompleted")]
+        assert [(a.epoch, a.seq) for a in history.fence.history] == [(1, 0), (2, 2), (3, 4)]
+
+    def test_a_zombie_snapshot_after_acknowledgement_does_not_bring_the_rollout_back(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0), turn_done("r1", 1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"a1"))
+        journal.append_sync([started("r1", 2, attempt=2, epoch=2, turn=1)])
+        journal.append_sync([RolloutFinished(header("r1", 3, epoch=2, attempt=2), 1.0, 2, "{}")],
+                            SnapshotDraft(header("r1", 3, epoch=2, attempt=2), "finished", 3, b"done"))
+        journal.acknowledge(header("r1", 4, epoch=2, attempt=2), "trainer").result()
+        zombie = Journal(journal.backend)  # attempt 1 wakes up long after and snapshots its turn 2
+        zombie.append_sync([turn_done("r1", 2, turn=2)], SnapshotDraft(header("r1", 2, turn=2), "running", 2, b"zombie"))
+
+        plan = load_rollouts(journal)
+
+        assert "r1" not in plan.rollouts
+        assert plan.acknowledged["r1"].acknowledged_epoch == 2
+        assert [(a.epoch, a.seq) for a in plan.acknowledged["r1"].history] == [(1, 0), (2, 2)]
+        assert any("acknowledged" in str(e) and "zombie" in str(e) for e in plan.report.errors)
+
+    def test_a_fence_written_before_0_3_as_an_attempt_started_still_reads(self, journal: Journal) -> None:
+        journal.append_sync([started("r1", 0), turn_done("r1", 1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"a1"))
+        attempt_2 = started("r1", 2, attempt=2, epoch=2, turn=1)
+        journal.backend.commit([OutRecord(Stream.EVENTS, "r1", journal.codec.encode(attempt_2), "r1"),
+                                OutRecord(Stream.SNAPSHOTS, "r1/fence", journal.codec.encode(attempt_2), "r1")])
+        Journal(journal.backend).append_sync([turn_done("r1", 2, turn=1)])  # a zombie of attempt 1
+
+        plan = load_rollouts(journal)
+
+        history = plan.rollouts["r1"]
+        assert (history.fence.epoch, history.fence.attempt, history.fence.seq) == (2, 2, 2)
+        assert [(e.event.header.seq, e.event.header.epoch) for e in history.events] == [(2, 2)]
+
     def test_an_event_of_a_few_megabytes_travels_in_pieces_and_reads_back_whole(self, journal: Journal) -> None:
         big = model_call("big", 1, tokens=1_500_000)  # a long model call: about 6 MB of prompt tokens
         journal.append_sync([started("big", 0)])

@@ -43,6 +43,7 @@ SOURCE = JAVA_DIR / "AvroPeer.java"
 EVERY_RECORD_TYPE = {
     "AttemptStarted", "AttemptFenced", "ModelCall", "ResourceMutation", "TurnCompleted", "RolloutFinished",
     "RolloutAcknowledged", "Snapshot", "BlobChunk", "WorkloadRegistered", "HeadCheckpoint", "RolloutFailed",
+    "FenceHistory",
 }
 WHERE = RecordLocation("test", 0, 0)
 
@@ -154,7 +155,7 @@ def write_every_record_type(journal: Journal) -> None:
     signer = HeadSigner.generate()
     journal.append_sync([signer.checkpoint(header(r, 11, turn=2, attempt=2, epoch=2), 0,
                                            [ChainHead("r/mail", 5, "c" * 64), ChainHead("r/crm", 0, "e" * 64)])])
-    journal.register_workload(WorkloadRegistered("wl", '{"groups": 1}', [r], "topo", 7, "worker-0")).result()
+    journal.register_workload(WorkloadRegistered("wl", '{"groups": 1}', [r], "topo", 7, "worker-0", True)).result()
 
 
 def test_java_decodes_a_file_journal(avro_java: AvroJava, tmp_path: Path) -> None:

@@ -24,6 +24,7 @@ from journal.errors import (
     JournalClosedError,
     ProducerFencedError,
     RecordLocation,
+    UnstableReadError,
 )
 from journal.events import BlobChunk, Snapshot
 from journal.journal import Cursor, Journal, ReadReport
@@ -136,7 +137,7 @@ def test_interleaved_reads_on_one_backend_each_see_their_partition(backend: Kafk
     # pooled consumers are reused, not re-created per read
     for _ in range(5):
         assert len(list(backend.read_events(partition_for(a, backend.partitions)))) == 50
-    assert len(backend._all_consumers) <= 2
+    assert backend.readers.open_consumers <= 2
 
 
 # -- atomic batches -------------------------------------------------------------------------------
@@ -159,10 +160,11 @@ def test_an_aborted_batch_is_never_visible_and_offsets_skip_it(backend: KafkaBac
     assert list(backend.read_snapshots()) == []
 
 
-def test_an_open_transaction_is_invisible_until_committed(backend: KafkaBackend, settings: KafkaSettings) -> None:
+def test_an_open_transaction_is_invisible_to_a_reader_until_committed(
+    backend: KafkaBackend, settings: KafkaSettings
+) -> None:
     partition = partition_for("r", backend.partitions)
     backend.commit([event("r", b"committed")])
-    end_before = backend.end_offset(partition)
 
     # a second writer (its own slot) with an open transaction on the same partition
     other = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-other"})
@@ -171,15 +173,39 @@ def test_an_open_transaction_is_invisible_until_committed(backend: KafkaBackend,
     other.produce(backend.events_topic, key=b"r", value=b"pending", partition=partition)
     other.flush(10)
 
-    assert values(list(backend.read_events(partition))) == [b"committed"]  # terminates at the LSO
-    assert backend.end_offset(partition) == end_before
+    with KafkaBackend(settings, transactional=False, create_topics=False) as reader:
+        end_before = reader.end_offset(partition)
+        assert values(list(reader.read_events(partition))) == [b"committed"]  # a tool reads to the LSO, at once
+        other.commit_transaction(10)
+        # another writer's commit becomes visible once the broker writes its markers (milliseconds later)
+        deadline = time.monotonic() + 10
+        while reader.end_offset(partition) == end_before and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert values(list(reader.read_events(partition))) == [b"committed", b"pending"]
 
-    other.commit_transaction(10)
-    # another writer's commit becomes visible once the broker writes its markers (milliseconds later)
-    deadline = time.monotonic() + 10
-    while backend.end_offset(partition) == end_before and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert values(list(backend.read_events(partition))) == [b"committed", b"pending"]
+
+def test_restore_refuses_a_prefix_held_back_by_another_workers_open_transaction(settings: KafkaSettings) -> None:
+    # The review's reproduction: worker 2 resumed rollout r as epoch 2 after worker X began a transaction
+    # on r's partition. Worker 3's restore read to the last stable offset, X's open transaction hid
+    # worker 2's fence, and worker 3 would have taken epoch 2 again.
+    slot = lambda name: settings.model_copy(update={"transactional_id": name, "stable_read_timeout_ms": 1500})
+    with Journal(KafkaBackend(slot("w1"))) as first:
+        first.append_sync([started("r", 0), turn_done("r", 1)], SnapshotDraft(header("r", 1, turn=1), "running", 1, b"s"))
+    partition = partition_for("r", settings.partitions)
+    other = Producer({"bootstrap.servers": settings.bootstrap_servers, "transactional.id": f"{settings.namespace}.x"})
+    other.init_transactions(30)
+    other.begin_transaction()
+    for topic in (settings.events_topic, settings.snapshots_topic):
+        other.produce(topic, key=b"q", value=b"worker x, still open", partition=partition)
+    other.flush(10)
+    with Journal(KafkaBackend(slot("w2"))) as second:
+        second.append_sync([started("r", 2, attempt=2, epoch=2, turn=1)])
+
+    with Journal(KafkaBackend(slot("w3"))) as third:
+        with pytest.raises(UnstableReadError, match=rf"partition {partition}: an open transaction holds"):
+            load_rollouts(third)
+        other.abort_transaction(10)
+        assert load_rollouts(third).rollouts["r"].fence.epoch == 2
 
 
 # -- fencing --------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
-from journal import Message, TurnCompleted, load_rollouts, open_journal
+import schemas
+from journal import AttemptStarted, Message, OutRecord, Stream, TurnCompleted, load_rollouts, open_journal
 from participants.config import WorkloadConfig
 from participants.rollout_state import RolloutState, StateFoldError, restore_state
 from participants.runner import Runner, workload_specs
@@ -146,6 +147,44 @@ def test_a_rollout_whose_journal_does_not_fold_is_set_aside_and_the_others_resum
     assert resumed.outcomes() == {rid: reference[rid] for rid in (b, c)}
     with pytest.raises(StateFoldError):
         restore_state(load_history(config, a))
+
+
+def test_a_journal_acknowledged_before_markers_still_reads_a_missing_rollout_as_acknowledged(tmp_path: Path) -> None:
+    # Before 0.3, acknowledgement tombstoned the rollout's snapshots and fence, and the (v1) registration
+    # was the only trace: a registered rollout missing from the snapshot stream had been acknowledged.
+    config = workload(tmp_path, groups=1, siblings=2)
+    a, b = (s.rollout_id for s in workload_specs(config))
+    run_workload(config, resume=False, stop_after={b: 2})
+    with open_journal(config.journal, writer="old-version") as journal:
+        registration = load_rollouts(journal).workloads[config.name]
+        v1 = schemas.released_versions()["WorkloadRegistered"][0]
+        value = journal.codec.encode_with(registration, v1)
+        journal.backend.commit([OutRecord(Stream.SNAPSHOTS, f"{config.name}/workload", value, config.name)])
+        journal.tombstone(a).result()
+
+    resumed = run_workload(config, resume=True)
+
+    assert resumed.rollouts[a].acknowledged and resumed.rollouts[a].turns_run_here == 0
+    assert resumed.rollouts[b].turns_run_here == config.max_turns - 2
+
+
+def test_two_attempts_claiming_one_epoch_are_a_conflict_of_that_rollout_alone(tmp_path: Path) -> None:
+    # Two resumers of rollout a at once (two slots that do not fence each other): both fold the
+    # same journal and both write attempt 2, epoch 2, from the same seq.
+    config = workload(tmp_path, groups=1, siblings=2)
+    a, b = (s.rollout_id for s in workload_specs(config))
+    reference = reference_outcomes(config)
+    run_workload(config, resume=False, stop_after={a: 2, b: 2})
+    state = restore_state(load_history(config, a))
+    with open_journal(config.journal, writer="resumers") as journal:
+        for writer in ("worker-1", "worker-2"):
+            header = state.header(writer, attempt=state.attempt + 1, epoch=state.epoch + 1)
+            journal.append_sync([AttemptStarted(header, state.next_turn, config.topology(), "resume after crash")])
+
+    resumed = run_workload(config, resume=True)
+
+    assert set(resumed.set_aside) == {a} and "claims epoch 2, which attempt 2 already holds" in resumed.set_aside[a]
+    assert resumed.outcomes() == {b: reference[b]}
 
 
 def load_history(config: WorkloadConfig, rollout_id: str):

@@ -15,8 +15,8 @@ from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
     AttemptFenced, AttemptStarted, BlobChunk, BlobRef, ChainHead, EventChunk, Header, HeadCheckpoint, Message,
-    ModelCall, ModelCallProgress, OutputSegment, Record, ResourceMutation, RolloutAcknowledged, RolloutFailed, RolloutFinished, Snapshot, TurnCompleted,
-    WorkloadRegistered,
+    ModelCall, ModelCallProgress, OutputSegment, Record, ResourceMutation, RolloutAcknowledged, RolloutFailed,
+    RolloutFinished, Snapshot, TurnCompleted, WorkloadRegistered, FenceEntry, FenceHistory,
 )
 from schemas.legacy import FINGERPRINTS_0_1_0, fingerprint_by_the_0_1_0_rule
 from tests.journal_conformance import header, model_call, started, turn_done
@@ -40,13 +40,15 @@ SAMPLES = {
     "RolloutAcknowledged": RolloutAcknowledged(header("r", 6), "trainer-0"),
     "Snapshot": Snapshot(header("r", 7), "running", 6, 0, 123, b"state", "e" * 64, BlobRef("f" * 64, 10, 1)),
     "BlobChunk": BlobChunk("f" * 64, 0, 1, b"0123456789"),
-    "WorkloadRegistered": WorkloadRegistered("demo", '{"groups":2}', ["demo-g0-s0", "demo-g1-s0"], "t" * 16, 7, "w0"),
+    "WorkloadRegistered": WorkloadRegistered("demo", '{"groups":2}', ["demo-g0-s0", "demo-g1-s0"], "t" * 16, 7, "w0",
+                                             True),
+    "FenceHistory": FenceHistory("r", [FenceEntry(1, 1, 0, "w0", 5), FenceEntry(2, 2, 6, "w1", 9)], 2),
     "HeadCheckpoint": HeadCheckpoint(header("r", 8), 1, [ChainHead("r/mail", 5, "c" * 64), ChainHead("r/crm", 0, "a" * 64)],
                                      "ed25519", "k" * 64, bytes(range(64))),
     "EventChunk": EventChunk(header("r", 8), "ModelCall", "a" * 64, 1, 3, 1_500_000, b"piece"),
 }
-NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered")
-NO_HEADER = ("BlobChunk", "WorkloadRegistered")
+NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered", "FenceHistory")
+NO_HEADER = ("BlobChunk", "WorkloadRegistered", "FenceHistory")
 
 CASES = [(name, v) for name, versions in schemas.released_versions().items() for v in versions]
 
@@ -109,6 +111,8 @@ STANDARD_FINGERPRINTS = {
     ("HeadCheckpoint", 1): "0d25b1abca126d5f",
     ("EventChunk", 1): "20e3593bcea8e933",
     ("RolloutFailed", 1): "5f3310f64cd3a4c3",
+    ("WorkloadRegistered", 2): "fc16837d18ccf77e",
+    ("FenceHistory", 1): "c9a8031f22bc6636",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
 

@@ -1,0 +1,119 @@
+"""librdkafka clients as the Kafka backend's roles use them: shared configuration, the
+error helpers that classify what a client raised, and creating and closing clients.
+
+The roles themselves live in :mod:`journal.kafka_topics` (topic administration),
+:mod:`journal.kafka_writer` (the transactional writer) and :mod:`journal.kafka_readers`
+(the pool of read_committed readers); :mod:`journal.kafka_backend` composes them.
+librdkafka logs go to the ``journal.kafka.librdkafka`` logger.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException
+
+from .errors import ConfigurationError
+from .kafka_config import KafkaSettings, redact_config
+
+log = logging.getLogger(__name__)
+client_log = logging.getLogger("journal.kafka.librdkafka")
+
+
+class _FencingIsATakeover(logging.Filter):
+    """librdkafka logs a fenced producer at ERROR and CRITICAL ("fenced by a newer instance",
+    "operation with an old epoch"). Here that is another process taking over the slot, raised
+    once as ``ProducerFencedError``; its log lines are demoted to INFO. So are its lines about a
+    broker it cannot connect to: a broker down is retried, and where it costs an operation that
+    operation's error names the cluster (``ClusterUnreachableError``, a timeout), once."""
+
+    _SIGNS = ("fenced by a newer instance", "operation with an old epoch", "Connect to ", "Connection refused",
+              "brokers are down", "Disconnected")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO and any(sign in record.getMessage() for sign in self._SIGNS):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            return client_log.isEnabledFor(logging.INFO)
+        return True
+
+
+client_log.addFilter(_FencingIsATakeover())
+
+FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+
+# Leadership not settled yet (just after topic creation, or while a leader moves):
+# librdkafka does not flag these retriable on offset queries, but they are.
+TRANSIENT_METADATA_CODES = frozenset({
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._UNKNOWN_PARTITION,
+})
+
+
+def kafka_error(exc: BaseException) -> KafkaError | None:
+    """The ``KafkaError`` a ``KafkaException`` carries, if any."""
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
+def unwrapped(exc: BaseException) -> KafkaException:
+    """The KafkaException behind a failed producer call (re-raises anything else).
+
+    confluent-kafka raises a fatal error (a fenced producer) from inside ``flush()``
+    or ``poll()`` and may go on serving callbacks, its log callback included, with
+    that exception pending; CPython then reports a ``SystemError`` whose cause is
+    the ``KafkaException``."""
+    if isinstance(exc, KafkaException):
+        return exc
+    if isinstance(exc.__cause__, KafkaException):
+        return exc.__cause__
+    raise exc
+
+
+def describe(err: KafkaError) -> str:
+    return f"{err.name()}: {err.str()}"
+
+
+def transient(err: KafkaError | None) -> bool:
+    """Worth retrying: flagged retriable, or a leadership change librdkafka does not flag."""
+    return err is not None and (err.retriable() or err.code() in TRANSIENT_METADATA_CODES)
+
+
+def base_config(settings: KafkaSettings, who: str, role: str) -> dict[str, Any]:
+    """What every client of a backend shares; the caller applies ``settings.librdkafka`` last."""
+    return {
+        "bootstrap.servers": settings.bootstrap_servers,
+        "client.id": f"rollout-journal-{settings.namespace}-{who}-{role}",
+        "logger": client_log,
+    }
+
+
+def on_client_error(settings: KafkaSettings) -> Callable[[KafkaError], None]:
+    """An ``error_cb`` for readers and admin clients: librdkafka logged the error already."""
+
+    def report(err: KafkaError) -> None:
+        client_log.info("Kafka client (%s): %s", settings.bootstrap_servers, describe(err))
+
+    return report
+
+
+def new_client(cls: Callable[[dict[str, Any]], Any], config: dict[str, Any], role: str) -> Any:
+    """A librdkafka client; a config it refuses becomes a ConfigurationError (secrets redacted)."""
+    try:
+        return cls(config)
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigurationError(
+            f"librdkafka refused the {role} config ({exc}); config: {redact_config(config)}"
+        ) from None
+
+
+def close_client(client: Any) -> None:
+    close = getattr(client, "close", None)  # Producer.close arrived in confluent-kafka 2.x
+    if close is None:
+        return
+    try:
+        close()
+    except (KafkaException, RuntimeError) as exc:
+        log.debug("closing Kafka client: %s", exc)
