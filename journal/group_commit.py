@@ -65,6 +65,13 @@ class CommitFuture(Future):
         super().__init__()
         self._make_due = make_due
 
+    def hasten(self) -> None:
+        """Make this append's commit due now without waiting for it: for records worth little
+        unless durable soon (a model call's progress, which a crash otherwise loses with the
+        linger), written by a caller that must not block on them."""
+        if not self.done():
+            self._make_due()
+
     def result(self, timeout: float | None = None) -> AppendReceipt:
         if not self.done():
             self._make_due()

@@ -36,6 +36,7 @@ import numpy as np
 
 from journal.anchoring import HeadSigner
 from journal.errors import JournalError, RolloutJournalError
+from journal.group_commit import CommitFuture
 from journal.events import (
     AttemptFenced,
     AttemptStarted,
@@ -345,7 +346,10 @@ class Agent:
 
         def progress(event: ModelCallProgress) -> None:
             state.apply(event)
-            live.in_flight.append((self.sink.submit([event], None), None))
+            future = self.sink.submit([event], None)
+            if isinstance(future, CommitFuture):
+                future.hasten()  # a mark still lingering when the process dies is lost: commit it now
+            live.in_flight.append((future, None))
 
         journals_progress = self.sink.journals and self.config.progress_every_tokens > 0
         call = await self.model.call(state, prompt, params, constraint,

@@ -11,6 +11,7 @@ import asyncio
 import concurrent.futures
 import hashlib
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -99,6 +100,19 @@ class JournalConformance:
             journal.append([turn_done("r2", 1)])  # nobody waits: close commits it
         with Journal(open_backend()) as reopened:
             assert [e.event.header.seq for e in reopened.read_rollout("r2")] == [0, 1]
+
+    def test_a_hastened_append_commits_with_nobody_waiting(self, open_backend: OpenBackend) -> None:
+        # A model call's progress mark: worth little unless durable before a crash, and the call
+        # must not wait for it. Hastened, it does not sit out a ten-minute linger.
+        with Journal(open_backend(), linger_ms=600_000) as journal:
+            mark = journal.append([started("p1", 0)])
+            mark.hasten()
+            deadline = time.monotonic() + 60
+            while not mark.done() and time.monotonic() < deadline:
+                time.sleep(0.01)  # polling done() makes nothing due
+            assert mark.done(), "the hastened append still lingered"
+            with Journal(open_backend()) as reader:  # durable: another reader sees it
+                assert [e.event.header.seq for e in reader.read_rollout("p1")] == [0]
 
     def test_read_from_a_cursor_skips_what_it_covers(self, journal: Journal) -> None:
         first = journal.append_sync([started("r1", 0), model_call("r1", 1)])
