@@ -86,6 +86,8 @@ def exit_code_for(exc: BaseException) -> int:
     """The documented exit code of an error the command line reports in one line."""
     if writer_fenced(exc):  # also a journal stopped because its writer was fenced
         return EXIT_WRITER_TAKEN
+    if isinstance(getattr(exc, "cause", None), (NotAuthorizedError, AuthenticationFailedError)):
+        return EXIT_NOT_AUTHORIZED  # a journal stopped because the cluster refused its writer
     for classes, code in _error_classes():
         if isinstance(exc, classes):
             return code

@@ -24,11 +24,13 @@ from compose.local_broker import LocalKafkaNode
 from journal.errors import (
     AuthenticationFailedError,
     ConfigurationError,
+    JournalStoppedError,
     NotAuthorizedError,
+    ProducerFencedError,
 )
 from journal.kafka_access import namespace_acls, not_authorized, principal_of, refusal
 from journal.kafka_config import KafkaSettings
-from replay.cli import EXIT_NOT_AUTHORIZED, exit_code_for
+from replay.exit_codes import EXIT_CODES_HELP, EXIT_NOT_AUTHORIZED, EXIT_WRITER_TAKEN, exit_code_for
 
 SECRET = "pw-unit-0f9e8d7c"
 SASL_ENV = {
@@ -90,6 +92,12 @@ def test_a_client_without_a_user_is_named_for_what_it_is() -> None:
 def test_refusals_of_the_cluster_have_an_exit_code_of_their_own() -> None:
     assert exit_code_for(not_authorized(settings(), "READ", "topic", "team-a.events")) == EXIT_NOT_AUTHORIZED
     assert exit_code_for(AuthenticationFailedError("SASL authentication failed")) == EXIT_NOT_AUTHORIZED
+    # a fleet's journal stops when a partition's writer is refused: still a refusal, not a failed journal
+    stopped = JournalStoppedError(not_authorized(settings(), "WRITE", "transactional id", "team-a.p3"))
+    assert exit_code_for(stopped) == EXIT_NOT_AUTHORIZED
+    # being fenced is checked first, as for every other code
+    assert exit_code_for(JournalStoppedError(ProducerFencedError("fenced"))) == EXIT_WRITER_TAKEN
+    assert f"\n  {EXIT_NOT_AUTHORIZED}    the Kafka cluster refused these credentials" in EXIT_CODES_HELP
 
 
 def _node(tmp_path: Path) -> LocalKafkaNode:
