@@ -30,7 +30,12 @@ from journal.errors import (
 )
 from journal.kafka_access import namespace_acls, not_authorized, principal_of, refusal
 from journal.kafka_config import KafkaSettings
-from replay.exit_codes import EXIT_CODES_HELP, EXIT_NOT_AUTHORIZED, EXIT_WRITER_TAKEN, exit_code_for
+from replay.exit_codes import (
+    EXIT_CODES_HELP,
+    EXIT_NOT_AUTHORIZED,
+    EXIT_WRITER_TAKEN,
+    exit_code_for,
+)
 
 SECRET = "pw-unit-0f9e8d7c"
 SASL_ENV = {
