@@ -146,3 +146,14 @@ def test_hidden_arguments_leave_the_command_line_for_an_owner_only_file(tmp_path
     assert stat.S_IMODE(os.stat(argfile).st_mode) == 0o600
     assert argfile.read_text().splitlines() == [
         '"kafka.tools.StorageTool"', '"format"', '"--add-scram"', '"x=[s=\\"q\\"]"']
+
+
+@pytest.mark.parametrize("query", ["sasl.password=pw-in-url", "librdkafka.sasl.password=pw-in-url",
+                                   "sasl.oauthbearer.client.secret=pw-in-url", "ssl.key.password=pw-in-url"])
+def test_a_secret_in_the_journal_url_is_refused_naming_its_variable(query: str) -> None:
+    """A journal URL is written into workload YAML and into the journal by `submit`: no secret rides in it."""
+    with pytest.raises(ConfigurationError, match="ROLLOUT_JOURNAL_LIBRDKAFKA_") as refused:
+        KafkaSettings.from_url(f"kafka://127.0.0.1:9092/team-a?{query}", env={})
+    assert "pw-in-url" not in str(refused.value)
+    located = KafkaSettings.from_url("kafka://127.0.0.1:9092/team-a?ssl.key.location=/etc/k.pem", env={})
+    assert located.librdkafka == {"ssl.key.location": "/etc/k.pem"}  # a path to a key is no secret
