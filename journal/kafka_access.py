@@ -56,6 +56,7 @@ from confluent_kafka.admin import (
 
 from .errors import (
     AuthenticationFailedError,
+    ClusterUnreachableError,
     ConfigurationError,
     JournalError,
     NotAuthorizedError,
@@ -227,7 +228,8 @@ def wait_until_authenticated(admin: AdminClient, settings: KafkaSettings, errors
     """Return once a broker answers ``admin``: whether this client may do anything at all (no
     authorizer, or a super user: the cluster grants it ALTER on itself, which no namespace grant
     holds). :class:`AuthenticationFailedError` as soon as a broker refuses the credentials (a SCRAM
-    round trip, well under a second); :class:`JournalError` when none answers within ``timeout_s``."""
+    round trip, well under a second); :class:`ClusterUnreachableError` when none answers within
+    ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     # One request, waited on in slices: a call per slice would redial the brokers each time.
     answer = admin.describe_cluster(request_timeout=timeout_s, include_authorized_operations=True)
@@ -250,9 +252,10 @@ def wait_until_authenticated(admin: AdminClient, settings: KafkaSettings, errors
             raise authentication_failed(settings, errors.authentication)
         if time.monotonic() >= deadline:
             last = f" (last error: {errors.last.name()}: {errors.last.str()})" if errors.last is not None else ""
-            raise JournalError(
-                f"no Kafka broker at {settings.bootstrap_servers} answered within {timeout_s:.0f} s{last}; "
-                "is the cluster reachable, and is security.protocol the one its listener speaks?"
+            raise ClusterUnreachableError(
+                f"cannot reach the Kafka cluster at {settings.bootstrap_servers}: no broker answered within "
+                f"{timeout_s:g} s{last}; is it running, is the address right, and is security.protocol the one "
+                "its listener speaks?"
             )
 
 
