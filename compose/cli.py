@@ -3,17 +3,36 @@
 ``replay/cli.py`` calls :func:`register_kafka_commands` on its sub-parsers and hands
 the parsed arguments of ``kafka ...`` to :func:`run_kafka_command`. Each command
 prints one line: a result on stdout, or an error on stderr with exit code 1.
+
+``kafka up --sasl`` starts the cluster with a SASL/SCRAM listener and Kafka's authorizer;
+``kafka user`` adds a SCRAM user to it and ``kafka grant`` gives a user the minimal ACLs
+of one namespace (:mod:`journal.kafka_access`). ``user`` and ``grant`` also work on any
+other cluster (``--bootstrap-servers``), logged in with the credentials of the environment
+(``ROLLOUT_JOURNAL_LIBRDKAFKA_SASL_USERNAME`` ...) of an admin who may alter it.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from compose.broker_daemon import LocalClusterStatus, default_state_dir, down, status, up
+from confluent_kafka.admin import AdminClient
+
+from compose.broker_config import SASL_LISTENER, SCRAM_MECHANISM
+from compose.broker_daemon import (
+    LocalClusterStatus,
+    admin_client,
+    default_state_dir,
+    down,
+    status,
+    up,
+)
 from compose.errors import LocalBrokerError
+from journal.errors import RolloutJournalError
 
 _DESCRIPTION = """\
 Run a real Apache Kafka cluster (KRaft, combined broker+controller nodes) on free
@@ -36,7 +55,7 @@ def register_kafka_commands(subparsers: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kafka.set_defaults(handler=run_kafka_command)
-    commands = kafka.add_subparsers(dest="kafka_command", metavar="{up,down,status}", required=True)
+    commands = kafka.add_subparsers(dest="kafka_command", metavar="{up,down,status,user,grant}", required=True)
     state_help = f"folder holding the cluster's state file and data (default: {default_state_dir()})"
 
     up_parser = commands.add_parser(
@@ -55,6 +74,11 @@ def register_kafka_commands(subparsers: Any) -> argparse.ArgumentParser:
         "--ready-timeout", type=float, default=60.0, metavar="SECONDS",
         help="how long to wait for the brokers to register (default: 60)",
     )
+    up_parser.add_argument(
+        "--sasl", action="store_true",
+        help="clients log in with SASL/SCRAM-SHA-512 and Kafka's authorizer allows only what ACLs grant; "
+             "add users with `kafka user`, give them a namespace with `kafka grant`",
+    )
 
     down_parser = commands.add_parser(
         "down",
@@ -72,6 +96,33 @@ def register_kafka_commands(subparsers: Any) -> argparse.ArgumentParser:
         "when every node is alive, 1 otherwise.",
     )
     status_parser.add_argument("--state-dir", type=Path, default=None, metavar="DIR", help=state_help)
+
+    cluster_help = ("another cluster to act on (default: the one `kafka up --sasl` started), logged in with "
+                    "the ROLLOUT_JOURNAL_LIBRDKAFKA_* credentials of the environment")
+    user_parser = commands.add_parser(
+        "user",
+        help="create a SCRAM-SHA-512 user (or give it a new password); the password is read from stdin",
+        description="Create user NAME, or replace its password, for SASL/SCRAM-SHA-512. The password is read "
+        "from stdin (a prompt on a terminal), never from the command line, where `ps` would show it.",
+    )
+    user_parser.add_argument("name", help="the user name (the principal is User:NAME)")
+    user_parser.add_argument("--state-dir", type=Path, default=None, metavar="DIR", help=state_help)
+    user_parser.add_argument("--bootstrap-servers", metavar="HOST:PORT", help=cluster_help)
+
+    grant_parser = commands.add_parser(
+        "grant",
+        help="give a user the minimal ACLs of one namespace",
+        description="Create the prefixed ACLs that let USER work in namespace NS and nowhere else: topics "
+        "NS.*: READ, WRITE, CREATE, DESCRIBE_CONFIGS; transactional ids NS.*: WRITE; groups NS.*: READ "
+        "(--reader: topics READ, DESCRIBE_CONFIGS; groups DESCRIBE). See README: Securing a shared cluster.",
+    )
+    grant_parser.add_argument("--namespace", required=True, metavar="NS", help="the journal's namespace")
+    grant_parser.add_argument("--user", required=True, metavar="USER", help="the user name (User:USER)")
+    grant_parser.add_argument("--reader", action="store_true", help="read-only: list, show, audit, replay")
+    grant_parser.add_argument("--no-create", action="store_true",
+                              help="leave out CREATE on the topics (an operator creates them)")
+    grant_parser.add_argument("--state-dir", type=Path, default=None, metavar="DIR", help=state_help)
+    grant_parser.add_argument("--bootstrap-servers", metavar="HOST:PORT", help=cluster_help)
     return kafka
 
 
@@ -85,21 +136,86 @@ def run_kafka_command(args: argparse.Namespace) -> int:
             return _down(args)
         if command == "status":
             return _status(args)
-    except LocalBrokerError as exc:
+        if command == "user":
+            return _user(args)
+        if command == "grant":
+            return _grant(args)
+    except (LocalBrokerError, RolloutJournalError) as exc:
         print(f"kafka {command}: error: {_indent_details(str(exc))}", file=sys.stderr)
         return 1
-    print(f"kafka: unknown command {command!r} (expected up, down or status)", file=sys.stderr)
+    print(f"kafka: unknown command {command!r} (expected up, down, status, user or grant)", file=sys.stderr)
     return 2
 
 
 def _up(args: argparse.Namespace) -> int:
     before = status(args.state_dir)
-    bootstrap = up(args.nodes, args.state_dir, ready_timeout_s=args.ready_timeout)
+    bootstrap = up(args.nodes, args.state_dir, ready_timeout_s=args.ready_timeout, sasl=args.sasl)
     verb = "already running" if before is not None and before.running else "started"
+    if not args.sasl:
+        print(
+            f"kafka up: {verb}, {_nodes(args.nodes)} at {bootstrap} "
+            f"(export KAFKA_BOOTSTRAP_SERVERS={bootstrap})"
+        )
+        return 0
+    current = status(args.state_dir)
     print(
-        f"kafka up: {verb}, {_nodes(args.nodes)} at {bootstrap} "
-        f"(export KAFKA_BOOTSTRAP_SERVERS={bootstrap})"
+        f"kafka up: {verb}, {_nodes(args.nodes)} at {bootstrap} with SASL/{SCRAM_MECHANISM} and ACLs "
+        f"(super user's client config: {current.sasl_admin_config if current else '?'}); add a user with "
+        "`kafka user NAME`, grant it a namespace with `kafka grant --namespace NS --user NAME`, and run as it "
+        f"with KAFKA_BOOTSTRAP_SERVERS={bootstrap} ROLLOUT_JOURNAL_LIBRDKAFKA_SECURITY_PROTOCOL={SASL_LISTENER} "
+        f"ROLLOUT_JOURNAL_LIBRDKAFKA_SASL_MECHANISM={SCRAM_MECHANISM} ROLLOUT_JOURNAL_LIBRDKAFKA_SASL_USERNAME=NAME "
+        "ROLLOUT_JOURNAL_LIBRDKAFKA_SASL_PASSWORD=..."
     )
+    return 0
+
+
+def _admin(args: argparse.Namespace, namespace: str = "rollout-journal") -> tuple[AdminClient, str]:
+    """The admin client the command acts through, and the cluster's bootstrap servers."""
+    if args.bootstrap_servers is None:
+        admin, current = admin_client(args.state_dir)
+        return admin, current.bootstrap_servers
+    from journal.kafka_config import (
+        KafkaSettings,  # the same environment variables as every journal client
+    )
+
+    settings = KafkaSettings.from_env(
+        {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"},
+        bootstrap_servers=args.bootstrap_servers, namespace=namespace,
+    )
+    config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, **settings.librdkafka}
+    return AdminClient(config), settings.bootstrap_servers
+
+
+def _user(args: argparse.Namespace) -> int:
+    from compose.scram_users import upsert_scram_user
+
+    if sys.stdin.isatty():
+        password = getpass.getpass(f"password of user {args.name}: ")
+    else:
+        password = sys.stdin.readline().rstrip("\r\n")
+    admin, bootstrap = _admin(args)
+    upsert_scram_user(admin, args.name, password)
+    print(f"kafka user: {args.name} logs in with {SCRAM_MECHANISM} at {bootstrap}; it may do nothing until "
+          f"`kafka grant --namespace NS --user {args.name}`")
+    return 0
+
+
+def _grant(args: argparse.Namespace) -> int:
+    from journal.kafka_access import (
+        Role,
+        create_acls,
+        describe_rights,
+        namespace_acls,
+        namespace_rights,
+    )
+
+    role: Role = "reader" if args.reader else "worker"
+    bindings = namespace_acls(args.namespace, args.user, role=role, create_topics=not args.no_create)
+    admin, bootstrap = _admin(args, args.namespace)
+    create_acls(admin, bindings)
+    rights = namespace_rights(role, create_topics=not args.no_create)
+    print(f"kafka grant: user {args.user} may now work in namespace {args.namespace} as a {role} at {bootstrap} "
+          f"({describe_rights(args.namespace, rights)})")
     return 0
 
 

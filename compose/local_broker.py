@@ -33,10 +33,14 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
 from compose.broker_config import (
+    STORAGE_TOOL,
+    SaslSecurity,
     broker_command,
     format_command,
+    hide_arguments,
     log4j2_properties,
     random_cluster_id,
+    scram_bootstrap_credential,
     server_config,
     write_properties,
 )
@@ -123,9 +127,10 @@ _RDKAFKA_LOG = _QuietRdkafkaLog(logging.getLogger(f"{__name__}.librdkafka"), {})
 _LIVE_CLUSTERS: set[LocalKafkaCluster] = set()
 
 
-def admin_client(bootstrap: str) -> AdminClient:
-    """An AdminClient whose librdkafka chatter about brokers started and killed on purpose stays at DEBUG."""
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _RDKAFKA_LOG}
+def admin_client(bootstrap: str, security: dict[str, str] | None = None) -> AdminClient:
+    """An AdminClient whose librdkafka chatter about brokers started and killed on purpose stays at DEBUG;
+    ``security`` holds the librdkafka properties that log in (a SASL cluster's super user)."""
+    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _RDKAFKA_LOG, **(security or {})}
     return AdminClient(config)
 
 
@@ -151,6 +156,8 @@ class LocalKafkaCluster:
 
     ``detached`` clusters (from :func:`compose.broker_daemon.up`) are not children
     of this process and are not stopped at interpreter exit; attached ones are.
+    A cluster started with ``sasl`` admits authenticated clients only: :attr:`admin_security`
+    logs in as its super user (its repr never shows the password).
     """
 
     bootstrap_servers: str
@@ -160,6 +167,7 @@ class LocalKafkaCluster:
     libs_dir: Path
     detached: bool = False
     owns_data_dir: bool = False
+    sasl: SaslSecurity | None = None
     _stopped: bool = field(default=False, repr=False)
     _admin_client: AdminClient | None = field(default=None, repr=False)
 
@@ -172,6 +180,11 @@ class LocalKafkaCluster:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+    @property
+    def admin_security(self) -> dict[str, str]:
+        """librdkafka properties that log in as the super user (empty without SASL); they hold a secret."""
+        return {} if self.sasl is None else self.sasl.client_config()
 
     def node(self, node_id: int) -> LocalKafkaNode:
         for node in self.nodes:
@@ -215,7 +228,7 @@ class LocalKafkaCluster:
         # Probe through this node only: an answer proves the new process serves requests.
         _wait_registered(
             [node], self.nodes, probe_bootstrap=node.bootstrap, expected={node_id},
-            timeout_s=ready_timeout_s, what=f"restarted node {node_id}",
+            timeout_s=ready_timeout_s, what=f"restarted node {node_id}", security=self.admin_security,
         )
         log.info("node %d restarted (pid %s)", node_id, node.pid)
 
@@ -225,7 +238,7 @@ class LocalKafkaCluster:
     def admin(self) -> AdminClient:
         """An AdminClient for this cluster, created once and logging through :mod:`logging`."""
         if self._admin_client is None:
-            self._admin_client = admin_client(self.bootstrap_servers)
+            self._admin_client = admin_client(self.bootstrap_servers, self.admin_security)
         return self._admin_client
 
     def describe_partition(self, topic: str, partition: int, timeout_s: float = 5.0) -> PartitionState:
@@ -255,6 +268,7 @@ def start_local_cluster(
     ready_timeout_s: float = 60,
     detached: bool = False,
     libs_dir: Path | None = None,
+    sasl: SaslSecurity | None = None,
 ) -> LocalKafkaCluster:
     """Format and start ``nodes`` combined KRaft nodes on free loopback ports.
 
@@ -264,6 +278,10 @@ def start_local_cluster(
     ``extra_config`` overrides any generated server property. Without ``data_dir``
     a temporary one is created and removed by :meth:`LocalKafkaCluster.stop`.
     ``detached`` nodes outlive this process (used by :func:`compose.broker_daemon.up`).
+    ``sasl`` starts a SASL/SCRAM listener with Kafka's authorizer instead of PLAINTEXT
+    (see :class:`compose.broker_config.SaslSecurity`); its super user's SCRAM credential is
+    written into the first metadata, other users are added while it runs
+    (:func:`compose.kafka_security.upsert_scram_user`).
 
     Returns once every broker is registered; on failure everything started is
     stopped and :class:`BrokerStartError` carries the logs' tail.
@@ -287,7 +305,7 @@ def start_local_cluster(
     cluster = LocalKafkaCluster(
         bootstrap_servers=",".join(n.bootstrap for n in members), nodes=members,
         data_dir=root, cluster_id=random_cluster_id(), libs_dir=libs,
-        detached=detached, owns_data_dir=owns,
+        detached=detached, owns_data_dir=owns, sasl=sasl,
     )
     started = time.monotonic()
     try:
@@ -299,10 +317,12 @@ def start_local_cluster(
             node.log_dirs.mkdir(parents=True)
             node.logs_dir.mkdir(parents=True)
             write_properties(
-                node.server_properties, server_config(node, members, node.log_dirs, extra_config or {})
+                node.server_properties, server_config(node, members, node.log_dirs, extra_config or {}, sasl=sasl),
+                private=sasl is not None,
             )
             node.log4j_properties.write_text(log4j2_properties())
-        _format_all(java, libs, members, cluster.cluster_id, standalone=nodes == 1)
+        scram = () if sasl is None else (scram_bootstrap_credential(sasl.admin_user, sasl.admin_password),)
+        _format_all(java, libs, members, cluster.cluster_id, standalone=nodes == 1, scram=scram)
         if not detached:
             _LIVE_CLUSTERS.add(cluster)
         for node in members:
@@ -310,14 +330,15 @@ def start_local_cluster(
         _wait_registered(
             members, members, probe_bootstrap=cluster.bootstrap_servers,
             expected={n.node_id for n in members}, timeout_s=ready_timeout_s,
-            what=f"{nodes}-node cluster",
+            what=f"{nodes}-node cluster", security=cluster.admin_security,
         )
     except BaseException:
         cluster.stop(timeout_s=5.0, remove_data=owns)
         raise
     log.info(
-        "Kafka %d-node cluster ready at %s in %.1f s (data in %s)",
+        "Kafka %d-node cluster ready at %s in %.1f s (data in %s%s)",
         nodes, cluster.bootstrap_servers, time.monotonic() - started, root,
+        "" if sasl is None else f"; SASL/SCRAM with ACLs, super user {sasl.admin_user}",
     )
     return cluster
 
@@ -333,14 +354,19 @@ def free_ports(count: int) -> list[int]:
         return ports
 
 
-def _format_all(java: str, libs: Path, members: list[LocalKafkaNode], cluster_id: str, *, standalone: bool) -> None:
+def _format_all(
+    java: str, libs: Path, members: list[LocalKafkaNode], cluster_id: str, *, standalone: bool,
+    scram: tuple[str, ...] = (),
+) -> None:
     """Run StorageTool format for every node in parallel (each is a JVM start)."""
     running = []
     for node in members:
         cmd = format_command(
             java, libs, server_properties=node.server_properties, log4j_properties=node.log4j_properties,
-            logs_dir=node.logs_dir, cluster_id=cluster_id, standalone=standalone,
+            logs_dir=node.logs_dir, cluster_id=cluster_id, standalone=standalone, scram=scram,
         )
+        if scram:  # a salted SCRAM password logs in: keep it off the command line
+            cmd = hide_arguments(cmd, STORAGE_TOOL, node.node_dir / "format.args")
         out = open(node.node_dir / "format.log", "wb")
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         running.append((node, proc, out))
@@ -352,6 +378,7 @@ def _format_all(java: str, libs: Path, members: list[LocalKafkaNode], cluster_id
             proc.kill()
             code = proc.wait()
         out.close()
+        (node.node_dir / "format.args").unlink(missing_ok=True)
         if code != 0:
             text = _tail_file(node.node_dir / "format.log", 30)
             failures.append(f"node {node.node_id} (exit {code}):\n{text}")
@@ -397,6 +424,7 @@ def _wait_registered(
     expected: set[int],
     timeout_s: float,
     what: str,
+    security: dict[str, str] | None = None,
 ) -> None:
     """:func:`wait_for_brokers`, failing fast if a watched JVM exits."""
 
@@ -409,7 +437,7 @@ def _wait_registered(
 
     wait_for_brokers(
         probe_bootstrap, expected, timeout_s=timeout_s, what=what, dead=dead,
-        details=lambda: "\n".join(_node_log_tails(n) for n in watched),
+        details=lambda: "\n".join(_node_log_tails(n) for n in watched), security=security,
     )
 
 
@@ -421,15 +449,16 @@ def wait_for_brokers(
     what: str,
     dead: Callable[[], str | None] = lambda: None,
     details: Callable[[], str] = lambda: "",
+    security: dict[str, str] | None = None,
 ) -> None:
     """Poll metadata through ``probe_bootstrap`` until the broker ids ``expected`` are listed.
 
     Readiness is asked of the admin client, not read from a log line (a broker
     without a log4j2 config logs nothing). ``dead`` returns a reason as soon as a
     broker being waited for has exited; ``details`` adds its logs to a timeout.
-    Raises :class:`BrokerStartError`.
+    ``security`` logs the probe in (a SASL cluster's super user). Raises :class:`BrokerStartError`.
     """
-    admin = admin_client(probe_bootstrap)
+    admin = admin_client(probe_bootstrap, security)
     deadline = time.monotonic() + timeout_s
     seen: set[int] = set()
     while True:

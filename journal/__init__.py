@@ -16,6 +16,7 @@ from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec
 from .errors import (
     AbortableCommitError,
+    AuthenticationFailedError,
     ClusterUnreachableError,
     ConfigurationError,
     CorruptRecordError,
@@ -25,6 +26,7 @@ from .errors import (
     JournalDamageError,
     JournalError,
     JournalStoppedError,
+    NotAuthorizedError,
     NotInJournalError,
     OversizedEventError,
     PartitionFencedError,
@@ -89,6 +91,7 @@ __all__ = [
     "AppendReceipt",
     "AttemptFenced",
     "AttemptStarted",
+    "AuthenticationFailedError",
     "Backend",
     "BlobChunk",
     "BlobRef",
@@ -120,6 +123,7 @@ __all__ = [
     "ModelCall",
     "ModelCallProgress",
     "OutputSegment",
+    "NotAuthorizedError",
     "NotInJournalError",
     "OutRecord",
     "OversizedEventError",

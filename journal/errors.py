@@ -46,6 +46,28 @@ class ConfigurationError(JournalError):
     """A setting is missing or invalid; the message names it."""
 
 
+class NotAuthorizedError(ConfigurationError):
+    """The cluster refused this client an operation on one resource: no ACL grants it.
+
+    ``operation`` is the ACL operation to grant (``WRITE``), ``resource_type`` Kafka's
+    resource type in words (``topic``, ``transactional id``, ``group``, ``cluster``),
+    ``resource`` its name and ``principal`` who asked (``user ns-a``). Nothing the refused
+    call would have written was written.
+    """
+
+    def __init__(self, operation: str, resource_type: str, resource: str, principal: str, hint: str) -> None:
+        super().__init__(f"not authorized to {operation} {resource_type} {resource} as {principal}; {hint}")
+        self.operation = operation
+        self.resource_type = resource_type
+        self.resource = resource
+        self.principal = principal
+        self.hint = hint
+
+
+class AuthenticationFailedError(ConfigurationError):
+    """The cluster refused the credentials themselves (user name, password or SASL mechanism)."""
+
+
 class CorruptRecordError(JournalError):
     """A record's bytes cannot be decoded (bad CRC, bad magic, bad Avro body)."""
 

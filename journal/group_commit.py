@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 from .backend import Backend, OutRecord, Stream, partition_for
 from .errors import (
-    AbortableCommitError, FatalJournalError, JournalClosedError, JournalStoppedError, PartitionFencedError,
-    RecordLocation, writer_fenced,
+    AbortableCommitError, FatalJournalError, JournalClosedError, JournalStoppedError, NotAuthorizedError,
+    PartitionFencedError, RecordLocation, writer_fenced,
 )
 
 log = logging.getLogger(__name__)
@@ -280,7 +280,8 @@ class GroupCommitter:
         self._resolve(nothing, [], 0.0, len(built))
 
     def _fail(self, built: Sequence[tuple[PendingAppend, Sequence[OutRecord]]], exc: BaseException) -> None:
-        level = logging.INFO if writer_fenced(exc) else logging.ERROR  # a takeover: the caller reports it once
+        # a takeover, or a refusal by the cluster's ACLs: the caller reports it once
+        level = logging.INFO if writer_fenced(exc) or isinstance(exc, NotAuthorizedError) else logging.ERROR
         log.log(level, "journal commit failed fatally; stopping the writer: %s", exc)
         with self._lock:  # from here on submit refuses: what is queued now is all there will be
             self._failure = exc

@@ -40,6 +40,16 @@ worker took it) fails alone with ``PartitionFencedError``.
 
 Reads see every commit this backend has returned from (read-your-writes).
 librdkafka logs go to the ``journal.kafka.librdkafka`` logger.
+
+Access: every client logs in with the credentials of the settings (``librdkafka`` passthrough,
+from the environment). Opening a backend logs in first, so a refused password is one
+``AuthenticationFailedError`` at once rather than a timeout; then, unless the cluster grants this
+client everything (no authorizer, or a super user), it checks the rights it will use (READ, and
+WRITE when it writes, on both topics; DESCRIBE on its readers' group; READ on the worker group
+``<namespace>.workers`` for a fleet's backend), and a missing one is a ``NotAuthorizedError``
+naming the resource and the operation before anything is written. ``init_transactions`` names a
+refused transactional id (``<namespace>.<slot>``, ``<namespace>.p<N>``) the same way. See
+:mod:`journal.kafka_access`.
 """
 
 from __future__ import annotations
@@ -54,7 +64,8 @@ from confluent_kafka.admin import AdminClient
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .errors import ConfigurationError, JournalClosedError, JournalError, PartitionFencedError, RecordLocation
-from .kafka_clients import base_config, new_client, on_client_error
+from .kafka_access import check_group_access, check_topic_access, wait_until_authenticated
+from .kafka_clients import ClientErrors, admin_config, new_client
 from .kafka_config import KafkaSettings
 from .kafka_readers import Follower, ReaderPool
 from .kafka_topics import TopicState, prepare_topics, record_limits, topic_configs
@@ -80,6 +91,7 @@ class KafkaBackend(Backend):
         self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
         self._topic_max_bytes: int | None = None
         self._closed = False
+        self._client_errors = ClientErrors(settings)  # the admin clients': a refused login ends the open at once
         # A writer's restore never reads a stale prefix.
         self.readers = ReaderPool(settings, stable=self.transactional)
         self.writer: KafkaWriter | None = None  # the slot's, or the plain one; None with partition writers
@@ -121,10 +133,8 @@ class KafkaBackend(Backend):
         return self.readers.consumer_config()
 
     def admin_config(self) -> dict[str, Any]:
-        cfg = base_config(self.settings, self.settings.transactional_id or "reader", "admin")
-        cfg["error_cb"] = on_client_error(self.settings)
-        cfg.update(self.settings.librdkafka)
-        return cfg
+        """The admin client's librdkafka config (passthrough applied); contains secrets."""
+        return admin_config(self.settings, self.settings.transactional_id or "reader", self._client_errors)
 
     # -- topics ---------------------------------------------------------------------------
 
@@ -133,9 +143,21 @@ class KafkaBackend(Backend):
         return topic_configs(self.settings)
 
     def _prepare_topics(self, create: bool) -> None:
+        """Log in, create or find the topics, and check every right the backend will use, so that a
+        refusal ends the open, naming the resource, before anything is written."""
         admin = new_client(AdminClient, self.admin_config(), "admin")
+        timeout_s = self.settings.operation_timeout_ms / 1000
         try:
+            unrestricted = wait_until_authenticated(admin, self.settings, self._client_errors, timeout_s)
             self.topics = prepare_topics(admin, self.settings, create=create)
+            # A cluster without an authorizer (or a super user) grants everything: nothing to check,
+            # and no coordinator lookup that a failover could leave hanging in the admin client.
+            if not unrestricted:
+                check_topic_access(admin, self.settings, self.topics,
+                                   ["READ", "WRITE"] if self.transactional else ["READ"], timeout_s)
+                check_group_access(admin, self.settings, self.readers.group, "DESCRIBE", timeout_s)
+                if self.writes_per_partition:  # a fleet's worker joins the group that assigns partitions
+                    check_group_access(admin, self.settings, self.settings.group_id, "READ", timeout_s)
         finally:
             admin.poll(0)  # deliver queued client logs
         # The journal chunks anything larger than max_record_bytes; the producer keeps batches below the topics' limit.

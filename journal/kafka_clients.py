@@ -39,9 +39,27 @@ class _FencingIsATakeover(logging.Filter):
         return True
 
 
+class _RefusalIsRaised(logging.Filter):
+    """librdkafka logs a refused login or operation at ERROR and CRITICAL, once per retry. The
+    backend raises it once, as ``AuthenticationFailedError`` or ``NotAuthorizedError`` naming the
+    resource (:mod:`journal.kafka_access`); its log lines are demoted to INFO, so a command line
+    prints one line, not twenty."""
+
+    _SIGNS = ("authorization failed", "Authorization failed", "SASL authentication error", "Authentication failed")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno > logging.INFO and any(sign in record.getMessage() for sign in self._SIGNS):
+            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
+            return client_log.isEnabledFor(logging.INFO)
+        return True
+
+
 client_log.addFilter(_FencingIsATakeover())
+client_log.addFilter(_RefusalIsRaised())
 
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
+# The cluster refused the credentials themselves (journal.kafka_access turns them into one line).
+AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
 
 # Leadership not settled yet (just after topic creation, or while a leader moves):
 # librdkafka does not flag these retriable on offset queries, but they are.
@@ -90,13 +108,37 @@ def base_config(settings: KafkaSettings, who: str, role: str) -> dict[str, Any]:
     }
 
 
-def on_client_error(settings: KafkaSettings) -> Callable[[KafkaError], None]:
-    """An ``error_cb`` for readers and admin clients: librdkafka logged the error already."""
+class ClientErrors:
+    """The ``error_cb`` of readers, admin clients and the worker group: librdkafka logged the
+    error already, so it is logged at INFO, and remembered.
 
-    def report(err: KafkaError) -> None:
-        client_log.info("Kafka client (%s): %s", settings.bootstrap_servers, describe(err))
+    librdkafka reports a refused login here only, while the call that needs the connection
+    waits out its whole timeout; remembering it lets
+    :func:`journal.kafka_access.wait_until_authenticated` end at once."""
 
-    return report
+    def __init__(self, settings: KafkaSettings) -> None:
+        self.bootstrap_servers = settings.bootstrap_servers
+        self.authentication: KafkaError | None = None
+        self.last: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.code() in AUTHENTICATION_CODES:
+            self.authentication = err
+        self.last = err
+        client_log.info("Kafka client (%s): %s", self.bootstrap_servers, describe(err))
+
+
+def on_client_error(settings: KafkaSettings) -> ClientErrors:
+    """An ``error_cb`` for readers and admin clients (see :class:`ClientErrors`)."""
+    return ClientErrors(settings)
+
+
+def admin_config(settings: KafkaSettings, who: str, errors: ClientErrors | None = None) -> dict[str, Any]:
+    """An admin client's librdkafka config (passthrough applied); contains secrets, do not log it raw."""
+    cfg = base_config(settings, who, "admin")
+    cfg["error_cb"] = errors if errors is not None else on_client_error(settings)
+    cfg.update(settings.librdkafka)
+    return cfg
 
 
 def new_client(cls: Callable[[dict[str, Any]], Any], config: dict[str, Any], role: str) -> Any:

@@ -7,7 +7,9 @@ Three ways to build them, all returning a validated :class:`KafkaSettings`:
   the path is the namespace; a query key that is a setting sets it; a query key
   containing a dot (``security.protocol=SASL_SSL``) or prefixed ``librdkafka.``
   goes to the ``librdkafka`` passthrough; anything else is an error. Credentials
-  do not belong in a URL (``user:pass@`` is refused): pass them by environment;
+  do not belong in a URL, which travels into workload YAML and the journal
+  (``user:pass@`` and secret properties such as ``sasl.password`` are refused):
+  pass them by environment;
 - ``KafkaSettings.from_env(namespace=..., transactional_id=...)``: the keyword
   arguments are defaults, ``ROLLOUT_JOURNAL_KAFKA_URL`` (when set) is parsed over
   them, then the variables below.
@@ -309,6 +311,13 @@ def _parse_url(url: str) -> dict[str, Any]:
     values: dict[str, Any] = {"bootstrap_servers": parts.netloc, "namespace": namespace}
     passthrough: dict[str, str] = {}
     for name, value in parse_qsl(parts.query, keep_blank_values=True, strict_parsing=False):
+        bare = name.removeprefix("librdkafka.")
+        if is_secret_property(bare) and not bare.endswith(".location"):  # a file's path is no secret
+            # a URL travels: into workload YAML, `submit`'s registration in the journal, shell history
+            raise ConfigurationError(
+                f"Kafka URL must not carry the secret property {bare}; set it in the environment as "
+                f"ROLLOUT_JOURNAL_LIBRDKAFKA_{bare.replace('_', '__').replace('.', '_').upper()}"
+            )
         if name.startswith("librdkafka."):
             passthrough[name.removeprefix("librdkafka.")] = value
         elif "." in name:

@@ -42,8 +42,9 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from .errors import JournalError
-from .kafka_clients import base_config, close_client, describe, kafka_error, new_client, on_client_error
+from .errors import JournalError, NotAuthorizedError
+from .kafka_access import AUTHORIZATION_CODES, GROUP, TOPIC, refusal
+from .kafka_clients import admin_config, base_config, close_client, describe, kafka_error, new_client, on_client_error
 from .kafka_config import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -128,9 +129,16 @@ class WorkerGroup:
         assert consumer is not None
         try:
             while not self._stop.is_set():
-                consumer.poll(self._poll_interval_s)  # serves the rebalance callbacks; never returns a record
-        except BaseException as exc:  # a callback failed: the worker sees it and stops
-            log.error("consumer group %s: %s", self.settings.group_id, exc)
+                msg = consumer.poll(self._poll_interval_s)  # serves the rebalance callbacks; never returns a record
+                err = msg.error() if msg is not None else None
+                if err is not None and err.code() in AUTHORIZATION_CODES:
+                    # the cluster refused this worker the group (or the topic it subscribes to): it would
+                    # wait for an assignment forever
+                    raise refusal(self.settings, err, {GROUP: ("READ", self.settings.group_id),  # type: ignore[misc]
+                                                       TOPIC: ("READ", self.settings.events_topic)})
+        except BaseException as exc:  # a callback failed, or the group refused: the worker sees it and stops
+            log.log(logging.INFO if isinstance(exc, NotAuthorizedError) else logging.ERROR,
+                    "consumer group %s: %s", self.settings.group_id, exc)
             self.failure = exc
         finally:
             try:
@@ -197,14 +205,16 @@ class GroupState:
 
 def describe_group(settings: KafkaSettings, admin: AdminClient | None = None) -> GroupState:
     """Who owns which partition now, from the group's member assignments (AdminClient)."""
-    client = admin or new_client(AdminClient, {**base_config(settings, "status", "admin"), **settings.librdkafka},
-                                 "admin")
+    client = admin or new_client(AdminClient, admin_config(settings, "status"), "admin")
     timeout_s = settings.operation_timeout_ms / 1000
     try:
         future = client.describe_consumer_groups([settings.group_id], request_timeout=timeout_s)[settings.group_id]
         description = future.result()
     except KafkaException as exc:
         err = kafka_error(exc)
+        denied = refusal(settings, err, {GROUP: ("DESCRIBE", settings.group_id)})
+        if denied is not None:
+            raise denied from None
         detail = describe(err) if err is not None else str(exc)
         raise JournalError(f"cannot describe consumer group {settings.group_id} on {settings.bootstrap_servers}: "
                            f"{detail}") from exc

@@ -32,6 +32,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from .backend import StoredRecord
 from .errors import JournalClosedError, JournalError, RecordLocation, UnstableReadError
+from .kafka_access import AUTHORIZATION_CODES, GROUP, TOPIC, refusal
 from .kafka_clients import base_config, close_client, describe, kafka_error, new_client, on_client_error, transient
 from .kafka_config import KafkaSettings
 
@@ -50,7 +51,8 @@ class ReaderPool:
     def __init__(self, settings: KafkaSettings, *, stable: bool = False) -> None:
         self.settings = settings
         self.stable = stable
-        self._group = f"rollout-journal-reader-{settings.namespace}-{uuid.uuid4().hex[:8]}"
+        # Under the namespace's prefix, so the namespace's group ACL covers it (see journal.kafka_access).
+        self.group = f"{settings.namespace}.reader-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Lock()
         self._idle: list[Consumer] = []
         self._all: list[Consumer] = []
@@ -69,7 +71,7 @@ class ReaderPool:
         cfg = base_config(self.settings, self.settings.transactional_id or "reader", "reader")
         cfg.update({
             # librdkafka requires a group id; readers are assigned, never join it, never commit.
-            "group.id": self._group,
+            "group.id": self.group,
             "isolation.level": isolation,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
@@ -161,6 +163,9 @@ class ReaderPool:
                     time.sleep(delay)
                     delay = min(delay * 2, 0.5)
                     continue
+                denied = refusal(self.settings, err, {TOPIC: ("READ", topic)})
+                if denied is not None:
+                    raise denied from None
                 raise JournalError(f"cannot query offsets of topic {topic} partition {partition}: {exc}") from exc
         if marks is None:
             raise JournalError(
@@ -285,10 +290,12 @@ class ReaderPool:
                     )
                 continue
             last_progress = now
+            err = msg.error()
+            if err is not None and err.code() in AUTHORIZATION_CODES:  # a group's names no partition: checked first
+                raise refusal(self.settings, err, {TOPIC: ("READ", topic), GROUP: ("DESCRIBE", self.group)})  # type: ignore[misc]
             p = msg.partition()
             if msg.topic() != topic or p not in pending:
                 continue  # a finished partition (fetched ahead) or an outdated assignment
-            err = msg.error()
             offset = msg.offset()
             if err is not None:
                 if err.code() == KafkaError._PARTITION_EOF:

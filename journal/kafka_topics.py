@@ -37,6 +37,7 @@ from confluent_kafka.admin import (
 )
 
 from .errors import ClusterUnreachableError, ConfigurationError, JournalError
+from .kafka_access import CLUSTER, CLUSTER_TYPE, TOPIC, not_authorized, refusal
 from .kafka_config import KafkaSettings
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def record_limits(states: dict[str, TopicState], settings: KafkaSettings) -> tup
     client's own, less room for framing."""
     topic_limits = [state.max_message_bytes for state in states.values() if state.max_message_bytes]
     client_limit = int(settings.librdkafka.get("message.max.bytes", CLIENT_MESSAGE_MAX_BYTES))
-    return min(topic_limits, default=None), min(*topic_limits, client_limit) - RECORD_FRAMING_BYTES
+    return min(topic_limits, default=None), min([*topic_limits, client_limit]) - RECORD_FRAMING_BYTES
 
 
 def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[str, str]], timeout_s: float) -> None:
@@ -129,6 +130,13 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 continue
+            denied = refusal(s, err, {TOPIC: ("CREATE", topic), CLUSTER_TYPE: ("CREATE", CLUSTER)})
+            if denied is not None:
+                # KRaft answers a refused CREATE so even for a topic that exists: a worker whose
+                # operator created the topics needs no CREATE right
+                if _exists(admin, topic, timeout_s):
+                    continue
+                raise denied from None
             detail = f"{err.name()}: {err.str()}" if err is not None else repr(exc)
             if err is not None and err.code() in _UNREACHABLE_CODES:
                 raise ClusterUnreachableError(
@@ -139,6 +147,14 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
                 f"cannot create topic {topic} ({s.partitions} partitions, replication factor {asked}) "
                 f"on {s.bootstrap_servers}: {detail}"
             ) from exc
+
+
+def _exists(admin: AdminClient, topic: str, timeout_s: float) -> bool:
+    try:
+        meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+    except KafkaException:
+        return False
+    return meta is not None and meta.error is None
 
 
 def _describe(
@@ -174,6 +190,9 @@ def _describe(
                 "open the backend with create_topics=True or create it with the configs of topic_configs()"
             )
         if meta.error is not None:
+            denied = refusal(settings, meta.error, {TOPIC: ("DESCRIBE", topic)})
+            if denied is not None:
+                raise denied
             raise JournalError(f"topic {topic} metadata error: {meta.error.name()}: {meta.error.str()}")
         layout[topic] = (len(meta.partitions), min(len(p.replicas) for p in meta.partitions.values()))
     states = {}
@@ -181,8 +200,10 @@ def _describe(
         try:
             configs = _configs(admin, topic, timeout_s)
         except KafkaException as exc:  # no DESCRIBE_CONFIGS right: the config checks cannot run
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            denied = refusal(settings, err, {TOPIC: ("DESCRIBE_CONFIGS", topic)})
             log.warning("cannot describe configs of topic %s (%s); its cleanup policy and min.insync.replicas "
-                        "go unchecked", topic, exc)
+                        "go unchecked", topic, denied or exc)
             configs = {}
         states[topic] = TopicState(topic, *layout[topic], configs)
     return brokers, states
@@ -261,6 +282,9 @@ def _raise_min_isr(admin: AdminClient, settings: KafkaSettings, state: TopicStat
     try:
         admin.incremental_alter_configs([resource], request_timeout=timeout_s)[resource].result()
     except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise not_authorized(settings, "ALTER_CONFIGS", TOPIC, state.name) from None
         raise ConfigurationError(f"cannot raise {MIN_ISR} of topic {state.name} from {current} to the asked "
                                  f"{asked}: {exc}; raise it on the topic yourself") from exc
     deadline = time.monotonic() + timeout_s

@@ -18,8 +18,12 @@ Errors are classified the librdkafka way:
   The delivery callback only stores its report (calling into the message while
   confluent-kafka holds the pending fatal error would turn it into a ``SystemError``);
   a fenced writer's later commits raise the same, and closing it never tries to abort;
-- fatal or anything else: ``FatalJournalError``. After either of these the writer
-  refuses every further commit.
+- refused by the cluster's ACLs (``TOPIC_`` or ``TRANSACTIONAL_ID_AUTHORIZATION_FAILED``, or
+  a transaction whose records were purged while the cluster no longer grants WRITE on a
+  topic): ``NotAuthorizedError`` naming the resource and the operation (see
+  :mod:`journal.kafka_access`); what can be aborted is;
+- fatal or anything else: ``FatalJournalError``. After any of the last three the writer
+  refuses every further commit, with the same kind of error.
 
 The ambiguous case: ``commit_transaction`` failing with a retriable error (a
 timeout, a coordinator moving) is retried, as librdkafka allows, and the retry
@@ -42,6 +46,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from .backend import OutRecord, Stream, partition_for
 from .errors import (
@@ -50,12 +55,14 @@ from .errors import (
     FatalJournalError,
     JournalClosedError,
     JournalError,
+    NotAuthorizedError,
     PartitionFencedError,
     ProducerFencedError,
     RecordLocation,
 )
+from .kafka_access import TOPIC, TRANSACTIONAL_ID, check_topic_access, refusal
 from .kafka_clients import (
-    FENCED_CODES, base_config, client_log, close_client, describe, kafka_error, new_client, unwrapped,
+    FENCED_CODES, admin_config, base_config, client_log, close_client, describe, kafka_error, new_client, unwrapped,
 )
 from .kafka_config import KafkaSettings
 from .kafka_topics import RECORD_FRAMING_BYTES
@@ -65,6 +72,7 @@ log = logging.getLogger(__name__)
 INIT_TRANSACTIONS_TIMEOUT_S = 60.0  # the first init on a cluster creates __transaction_state
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 2.0
+_ACCESS_CHECK_S = 5.0  # bound on asking, after a failed write, whether writing is still granted
 
 
 class StagedCommit:
@@ -228,10 +236,9 @@ class KafkaWriter:
                         f"{where}: transaction_timeout_ms={self.settings.transaction_timeout_ms} exceeds the "
                         "broker's transaction.max.timeout.ms; lower the setting"
                     ) from exc
-                if err is not None and err.code() == KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED:
-                    raise ConfigurationError(
-                        f"{where}: not authorized to use this transactional id (grant WRITE/DESCRIBE on it)"
-                    ) from exc
+                denied = refusal(self.settings, err, {TRANSACTIONAL_ID: ("WRITE", self.transactional_id or "")})
+                if denied is not None:
+                    raise denied from None
                 if err is not None and err.code() in FENCED_CODES:
                     raise self._fenced(f"{where}: fenced: {describe(err)}") from exc
                 detail = describe(err) if err is not None else repr(exc)
@@ -249,6 +256,9 @@ class KafkaWriter:
         if self._closed:
             raise JournalClosedError(f"Kafka writer {self.transactional_id or '(plain)'} is closed")
         if self._failed is not None:
+            if isinstance(self._failed, NotAuthorizedError):  # stays a refusal, naming the resource
+                f = self._failed
+                raise NotAuthorizedError(f.operation, f.resource_type, f.resource, f.principal, f.hint) from f
             fenced = isinstance(self._failed, ProducerFencedError)  # stays "fenced" for every later caller
             message = (f"commit refused: the producer of transactional id {self.transactional_id} failed earlier "
                        f"({self._failed}); open a new backend (its producer fences this one)")
@@ -338,6 +348,11 @@ class KafkaWriter:
                 self._fail(FatalJournalError(f"{where}; a prefix of the batch may be written (non-transactional)"))
             if err.code() in FENCED_CODES:
                 self._fail(self._fenced(self._fenced_message(where, err)))
+            denied = self._write_refusal(err, topic)
+            if denied is None and err.code() == KafkaError._PURGE_QUEUE:
+                denied = self._write_still_granted()
+            if denied is not None:
+                self._refused(producer, denied, in_txn)
             if err.fatal():
                 self._fail(FatalJournalError(f"transactional id {self.transactional_id}: {where}"))
             self._abort_transaction(producer, reason=where)
@@ -367,8 +382,9 @@ class KafkaWriter:
         deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000
         self._retrying(producer, "commit_transaction", producer.commit_transaction, deadline, in_txn=True, timed=True)
 
-    def _abort_transaction(self, producer: Producer, *, reason: str) -> None:
-        """Abort the open transaction; raises only when the abort itself fails (fatally)."""
+    def _abort_transaction(self, producer: Producer, *, reason: str, stop_on_failure: bool = True) -> None:
+        """Abort the open transaction; raises only when the abort itself fails (fatally): then the
+        writer stops, unless ``stop_on_failure`` is False (the caller stops it with its own error)."""
         log.warning("transactional id %s: aborting transaction: %s", self.transactional_id, reason)
         deadline = time.monotonic() + self.settings.operation_timeout_ms / 1000
         backoff = _BACKOFF_FIRST_S
@@ -384,6 +400,8 @@ class KafkaWriter:
                     backoff = min(backoff * 2, _BACKOFF_MAX_S)
                     continue
                 where = f"abort_transaction (after: {reason})"
+                if not stop_on_failure:
+                    raise JournalError(f"transactional id {self.transactional_id}: {where} failed: {exc}") from exc
                 if err is not None:
                     err = self._root_cause(producer, err)
                 if err is not None and err.code() in FENCED_CODES:
@@ -443,6 +461,9 @@ class KafkaWriter:
             self._fail(FatalJournalError(f"transactional id {tid}: {what} failed: {exc!r}"), exc)
         if err.code() in FENCED_CODES:
             self._fail(self._fenced(self._fenced_message(what, err)), exc)
+        denied = self._write_refusal(err)
+        if denied is not None:
+            self._refused(producer, denied, in_txn, exc)
         if err.fatal():
             self._fail(FatalJournalError(f"transactional id {tid}: {what}: fatal {describe(err)}"), exc)
         if in_txn and err.txn_requires_abort():
@@ -457,6 +478,40 @@ class KafkaWriter:
             except JournalError:
                 pass  # the fatal error below is the one that matters; the abort failure was logged
         self._fail(FatalJournalError(f"transactional id {tid}: {what} failed: {describe(err)}"), exc)
+
+    def _write_refusal(self, err: KafkaError | None, topic: str | None = None) -> NotAuthorizedError | None:
+        """``err`` as the refusal of a write, naming the resource, or None."""
+        return refusal(self.settings, err, {
+            TOPIC: ("WRITE", topic or self._topics[Stream.EVENTS]),
+            TRANSACTIONAL_ID: ("WRITE", self.transactional_id or ""),
+        })
+
+    def _refused(self, producer: Producer, denied: NotAuthorizedError, in_txn: bool,
+                 cause: BaseException | None = None) -> None:
+        """Abort what can be aborted (a refused transaction may not even abort), then stop writing."""
+        if in_txn:
+            try:
+                self._abort_transaction(producer, reason=str(denied), stop_on_failure=False)
+            except JournalError:
+                pass
+        self._fail(denied, cause)
+
+    def _write_still_granted(self) -> NotAuthorizedError | None:
+        """A refused write reaches librdkafka's log only: the transaction fails, its records are
+        purged (``_PURGE_QUEUE``) and even its abort is refused, with no code that says why. Asked
+        then, the cluster says whether this client still may write: the refusal, or None."""
+        try:
+            admin = new_client(AdminClient, admin_config(self.settings, self.transactional_id or "plain"), "admin")
+            check_topic_access(admin, self.settings, self._topics.values(), ["WRITE"],
+                               min(_ACCESS_CHECK_S, self.settings.operation_timeout_ms / 1000))
+        except NotAuthorizedError as denied:
+            # a copy without the traceback: that holds the admin client, which must be destroyed
+            # here, on this thread, not by the garbage collector on whichever thread it runs
+            return NotAuthorizedError(denied.operation, denied.resource_type, denied.resource, denied.principal,
+                                      denied.hint)
+        except (JournalError, KafkaException) as exc:
+            log.debug("could not ask the cluster whether %s may still write: %s", self.transactional_id, exc)
+        return None
 
     def _fenced(self, message: str) -> ProducerFencedError:
         if self.partition is None:
@@ -473,8 +528,10 @@ class KafkaWriter:
     def _fail(self, error: JournalError, cause: BaseException | None = None) -> None:
         """Mark the writer failed (no more commits) and raise ``error``."""
         self._failed = error
-        # Being fenced is a takeover, not a fault of this process: the caller reports it once.
-        log.log(logging.INFO if isinstance(error, ProducerFencedError) else logging.ERROR, "%s", error)
+        # Being fenced is a takeover, and a refusal a matter of ACLs, not a fault of this process:
+        # the caller reports either once.
+        quiet = isinstance(error, (ProducerFencedError, NotAuthorizedError))
+        log.log(logging.INFO if quiet else logging.ERROR, "%s", error)
         if cause is not None:
             raise error from cause
         raise error

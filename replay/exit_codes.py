@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from journal.errors import (
     AbortableCommitError,
+    AuthenticationFailedError,
     ClusterUnreachableError,
     ConfigurationError,
     CorruptRecordError,
@@ -12,6 +13,7 @@ from journal.errors import (
     FencedWriteError,
     JournalClosedError,
     JournalDamageError,
+    NotAuthorizedError,
     NotInJournalError,
     ProducerFencedError,
     RolloutJournalError,
@@ -29,6 +31,7 @@ EXIT_JOURNAL_DAMAGED = 5
 EXIT_WRITER_TAKEN = 6
 EXIT_JOURNAL_FAILED = 7
 EXIT_OTHER = 8
+EXIT_NOT_AUTHORIZED = 9
 EXIT_INTERRUPTED = 130
 
 
@@ -41,6 +44,8 @@ def _error_classes() -> list[tuple[tuple[type[BaseException], ...], int]]:
     from .errors import ExportError, ForkError, TokenizerUnavailableError
 
     return [
+        # before ConfigurationError, which both refine
+        ((NotAuthorizedError, AuthenticationFailedError), EXIT_NOT_AUTHORIZED),
         ((TopologyChangedError,), EXIT_TOPOLOGY_CHANGED),
         ((ConfigurationError, UnknownEnvironmentError, NotInJournalError, ForkError, TokenizerUnavailableError),
          EXIT_INPUT),
@@ -54,7 +59,7 @@ def _error_classes() -> list[tuple[tuple[type[BaseException], ...], int]]:
 
 
 EXIT_CODES_HELP = f"""\
-exit codes (an error of any command ends with one of 3-8 and one line on stderr):
+exit codes (an error of any command ends with one of 3-9 and one line on stderr):
   {EXIT_OK}    done
   {EXIT_ROLLOUTS_FAILED}    the workload ran, but some rollouts failed or were set aside (each named on
        stderr; the others finished); demo: the resumed run differs from the reference;
@@ -70,6 +75,8 @@ exit codes (an error of any command ends with one of 3-8 and one line on stderr)
   {EXIT_JOURNAL_FAILED}    the journal failed while writing or reading (I/O error, broker unreachable,
        an open transaction held a restore back)
   {EXIT_OTHER}    any other rollout-journal error
+  {EXIT_NOT_AUTHORIZED}    the Kafka cluster refused these credentials, or an operation on a topic,
+       transactional id or group that its ACLs do not grant them (the line names it; nothing written)
   {EXIT_INTERRUPTED}  interrupted (Ctrl-C)
 Errors are one line on stderr: rollout-journal: <what, naming the thing>.
 """
@@ -79,6 +86,8 @@ def exit_code_for(exc: BaseException) -> int:
     """The documented exit code of an error the command line reports in one line."""
     if writer_fenced(exc):  # also a journal stopped because its writer was fenced
         return EXIT_WRITER_TAKEN
+    if isinstance(getattr(exc, "cause", None), (NotAuthorizedError, AuthenticationFailedError)):
+        return EXIT_NOT_AUTHORIZED  # a journal stopped because the cluster refused its writer
     for classes, code in _error_classes():
         if isinstance(exc, classes):
             return code
