@@ -183,12 +183,24 @@ class _Generator:
             plain = () if build is None else _PLANS.get(build, ())
             if build is not None and [f.name for f in plain] == list(parts) and all(f.kind is _Kind.PLAIN for f in plain):
                 # the class's own fields, in schema order: construct it without a dict in between
-                emit(depth, f"{target} = _new_{build.__name__}({', '.join(parts.values())})")
+                emit(depth, _construct(build, target, list(parts.values())))
                 self.built.add(target)
             else:
                 emit(depth, f"{target} = {{{', '.join(f'{name!r}: {local}' for name, local in parts.items())}}}")
         else:  # arrays, maps, enums, fixed: no kept field has one yet
             raise _Unsupported(f"a kept field of Avro type {kind!r}")
+
+
+def _construct(cls: type, target: str, args: list[str]) -> str:
+    """A statement making ``target`` a ``cls`` of ``args`` (its fields in order). A frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__``, about as costly as reading the
+    record: a plain one (no ``__post_init__``, no slots) gets its ``__dict__``
+    filled at once instead, which is the same object."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    if hasattr(cls, "__post_init__") or hasattr(cls, "__slots__") or "__dict__" not in dir(cls):
+        return f"{target} = _{cls.__name__}({', '.join(args)})"
+    items = ", ".join(f"{name!r}: {arg}" for name, arg in zip(names, args, strict=True))
+    return f"{target} = _new(_{cls.__name__}); {target}.__dict__.update({{{items}}})"
 
 
 def _field_types(schema_json: str) -> dict[str, str]:
@@ -246,7 +258,8 @@ def _reader_source(cls: type, writer: SchemaVersion, reader: SchemaVersion, kept
             raise _Unsupported(f"kept list of records {plan.name}")
         else:
             args.append(f"k_{plan.name}")
-    gen.src.emit(1, f"return _cls({', '.join(args)})")
+    gen.src.emit(1, _construct(cls, "o", args))
+    gen.src.emit(1, "return o")
     return "def _project(d):\n" + "\n".join(gen.src.lines) + "\n"
 
 
@@ -270,10 +283,10 @@ class Projection:
             except _Unsupported:
                 continue  # this writer version is decoded in full
             namespace: dict[str, Any] = {
-                "_read_long": _read_long, "_frombuffer": np.frombuffer, "_cls": cls,
+                "_read_long": _read_long, "_frombuffer": np.frombuffer,
                 "_f4": _unpack("<f"), "_f8": _unpack("<d"),
                 **{f"_decode_{c.__name__}": d for c, d in _DECODERS.items()},
-                **{f"_new_{c.__name__}": c for c in _DECODERS},
+                **{f"_{c.__name__}": c for c in _DECODERS}, "_new": object.__new__,
             }
             exec(source, namespace)  # noqa: S102 - source built above from our own schemas' field names
             self._readers[fp] = namespace["_project"]
