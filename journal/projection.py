@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import struct
 from collections.abc import Mapping
 from typing import Any
 
@@ -273,7 +274,7 @@ class Projection:
             unknown = set(names) - {f.name for f in dataclasses.fields(cls)}
             if unknown:
                 raise ValueError(f"projection of {cls.__name__} names fields it lacks: {sorted(unknown)}")
-        self._readers: dict[bytes, Any] = {}  # writer fingerprint -> generated reader, for versions it serves
+        self._readers: dict[bytes, tuple[Any, str]] = {}  # writer fingerprint -> (generated reader, its version)
         self._served: set[type] = set()
         for fp, cls, writer, current in codec.writer_versions():
             if cls not in fields:
@@ -284,13 +285,12 @@ class Projection:
                 continue  # this writer version is decoded in full
             namespace: dict[str, Any] = {
                 "_read_long": _read_long, "_frombuffer": np.frombuffer,
-                "_f4": _unpack("<f"), "_f8": _unpack("<d"),
+                "_f4": struct.Struct("<f").unpack_from, "_f8": struct.Struct("<d").unpack_from,
                 **{f"_decode_{c.__name__}": d for c, d in _DECODERS.items()},
                 **{f"_{c.__name__}": c for c in _DECODERS}, "_new": object.__new__,
             }
             exec(source, namespace)  # noqa: S102 - source built above from our own schemas' field names
-            self._readers[fp] = namespace["_project"]
-            self._readers[fp].version = f"{writer.record} v{writer.version}"
+            self._readers[fp] = namespace["_project"], f"{writer.record} v{writer.version}"
             self._served.add(cls)
 
     def serves(self, cls: type) -> bool:
@@ -302,16 +302,12 @@ class Projection:
         if len(data) < PREFIX_LEN or data[:2] != MAGIC:
             return self.codec.decode(data, location)  # it names what is wrong
         fp = bytes(data[2:PREFIX_LEN])
-        reader = self._readers.get(fp)
-        if reader is None:  # a record type or writer version read in full (the codec names an unknown one)
+        found = self._readers.get(fp)
+        if found is None:  # a record type or writer version read in full (the codec names an unknown one)
             return self.codec.decode(data, location)
+        reader, version = found
         try:
             return reader(data)
         except (IndexError, ValueError, UnicodeDecodeError) as exc:  # as the full decode words it
-            raise CorruptRecordError(location, f"Avro body of {reader.version} unreadable: {exc!r}") from exc
+            raise CorruptRecordError(location, f"Avro body of {version} unreadable: {exc!r}") from exc
 
-
-def _unpack(fmt: str) -> Any:
-    import struct
-
-    return struct.Struct(fmt).unpack_from
