@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import io
+from collections.abc import Iterator
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -174,6 +175,11 @@ class Codec:
                     other = self._by_fingerprint.setdefault(fp, (cls, version))[1]
                     if other is not version:
                         raise RuntimeError(f"schemas {other.path} and {version.path} share fingerprint {fp.hex()}")
+
+    def writer_versions(self) -> Iterator[tuple[bytes, type, SchemaVersion, SchemaVersion]]:
+        """(fingerprint, record class, writer schema, current reader schema) of every version read."""
+        for fp, (cls, writer) in self._by_fingerprint.items():
+            yield fp, cls, writer, self._current[cls]
 
     def encode(self, record: Record) -> bytes:
         return self.encode_with(record, self._current[type(record)])

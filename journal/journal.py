@@ -20,6 +20,7 @@ from .events import (
 )
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
+from .projection import Projection
 from .snapshots import (
     LEGACY_WORKLOAD_PREFIX, WORKLOAD_SUFFIX, Fence, SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_record,
     load_snapshots, snapshot_records, tombstone_records, workload_key,
@@ -94,6 +95,7 @@ class Journal:
         self.max_event_bytes = max_event_bytes
         # A blob chunk is a record too: a few hundred bytes of framing besides its data.
         self.inline_snapshot_limit = min(inline_snapshot_limit, self.max_record_bytes - 1024)
+        self._projections: dict[tuple, Projection] = {}
         self._fence = EpochFence()
         self._fence_lock = threading.Lock()
         self._committed_end: dict[int, int] = {}  # partition -> end after our last commit (committer thread only)
@@ -242,22 +244,24 @@ class Journal:
         self.close()
 
     # -- reading -----------------------------------------------------------
-    def _decode(self, stored: StoredRecord, report: ReadReport | None, chunks: ChunkJoiner) -> JournaledEvent | None:
-        """The event a record holds; None for a piece of a chunked event not yet complete, or (with a
-        report) a bad record."""
+    def _decode(self, stored: StoredRecord, report: ReadReport | None, chunks: ChunkJoiner,
+                projection: Projection | None = None) -> JournaledEvent | None:
+        """The event a record holds (only the fields ``projection`` keeps, if given); None for a piece
+        of a chunked event not yet complete, or (with a report) a bad record."""
         try:
             if stored.error is not None:
                 raise CorruptRecordError(stored.location, stored.error)
             if stored.value is None:  # a tombstone written by a foreign producer: no record at all
                 raise CorruptRecordError(stored.location, "the record has no value (null); no journal event does")
-            record = self.codec.decode(stored.value, stored.location)
+            decode = self.codec.decode if projection is None else projection.decode
+            record = decode(stored.value, stored.location)
             location = stored.location
             if isinstance(record, EventChunk):
                 joined = chunks.add(record, location)
                 if joined is None:
                     return None
                 location = joined.location
-                record = self.codec.decode(joined.encoded, location)
+                record = decode(joined.encoded, location)
             if not isinstance(record, ROLLOUT_EVENT_TYPES):
                 raise CorruptRecordError(location, f"holds a {type(record).__name__} record, not a rollout "
                                                    "event (it belongs on the snapshot stream)")
@@ -338,9 +342,15 @@ class Journal:
         """One rollout's events after ``cursor`` in order, fenced."""
         return self.read_rollouts({rollout_id: cursor}, report)
 
-    def scan(self, report: ReadReport | None = None) -> Iterator[JournaledEvent]:
+    def scan(self, report: ReadReport | None = None, fields: Mapping[type, tuple[str, ...]] | None = None,
+             ) -> Iterator[JournaledEvent]:
         """Every committed event of the journal, fenced, partition by partition.
-        Memory stays bounded by the number of rollouts (one epoch each)."""
+        Memory stays bounded by the number of rollouts (one epoch each).
+
+        ``fields`` (record class -> field names) reads those record types projected: only the named
+        fields are decoded, the others are ``None`` (see :mod:`journal.projection`); for a reader
+        that folds bookkeeping only, never for one that restores, audits or exports."""
+        projection = None if fields is None else self.projection(fields)
         self._note_damage(report)
         for partition in range(self.backend.partitions):
             fence = EpochFence()
@@ -348,11 +358,19 @@ class Journal:
             for stored in self.backend.read_events(partition, 0):
                 if report is not None:
                     report.records_read += 1
-                item = self._decode(stored, report, chunks)
+                item = self._decode(stored, report, chunks, projection)
                 if item is not None and self._admit(fence, item, report):
                     yield item
             for exc in chunks.unfinished():
                 self._report(exc, report)
+
+    def projection(self, fields: Mapping[type, tuple[str, ...]]) -> Projection:
+        """The projected reader keeping ``fields`` (built once per field set: readers are generated)."""
+        key = tuple(sorted((cls.__name__, tuple(names)) for cls, names in fields.items()))
+        found = self._projections.get(key)
+        if found is None:
+            found = self._projections[key] = Projection(self.codec, fields)
+        return found
 
     def follow_workloads(self) -> "WorkloadFeed":
         """The workload registrations as they are committed (a fleet's workers pick them up)."""

@@ -24,7 +24,7 @@ import hashlib
 import json
 import zlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -125,6 +125,16 @@ class PartialCall:
 @dataclass
 class RolloutProgress:
     """Where a rollout stands; bounded in size whatever its length."""
+
+    # What ``apply`` reads of the frequent events, and all a bookkeeping scan (``replay list``) decodes
+    # of them (``Journal.scan(fields=...)``): the other fields are None in what it is handed. A
+    # subclass that reads more (RolloutState) is fed full events. Other event types come whole.
+    READS: ClassVar[dict[type, tuple[str, ...]]] = {
+        ModelCall: ("header", "policy_version", "output_ids"),
+        ModelCallProgress: ("header", "output_ids"),
+        ResourceMutation: ("header",),
+        TurnCompleted: ("header", "reward"),
+    }
 
     rollout_id: str
     group_id: str

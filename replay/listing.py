@@ -106,12 +106,15 @@ class Listing:
 
 
 def list_rollouts(source: ReplaySource, where: RolloutFilter = RolloutFilter(),
-                  progress: Progress | None = None) -> Listing:
+                  progress: Progress | None = None, *, projected: bool = True) -> Listing:
     """Scan the whole journal (leniently: unreadable records go to ``Listing.report``) and
-    return a row per rollout that passes ``where``, in order of first appearance."""
+    return a row per rollout that passes ``where``, in order of first appearance.
+
+    The scan decodes only what ``RolloutProgress`` reads of the frequent events
+    (``RolloutProgress.READS``); ``projected=False`` decodes every field (the same rows, slower)."""
     listing = Listing(source.location)
     rows: dict[str, RolloutRow] = {}
-    for item in source.scan(listing.report, progress):
+    for item in source.scan(listing.report, progress, RolloutProgress.READS if projected else None):
         event = item.event
         h = event.header
         listing.events += 1

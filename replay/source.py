@@ -10,7 +10,7 @@ command keeps, never with the journal's length.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Self, TypeVar
 
@@ -41,11 +41,13 @@ class ReplaySource:
         """What the journal's offsets count: bytes of a file journal, records of a Kafka topic."""
         return "B" if self.journal.backend.kind == "file" else "offsets"
 
-    def scan(self, report: ReadReport, progress: Progress | None = None) -> Iterator[JournaledEvent]:
+    def scan(self, report: ReadReport, progress: Progress | None = None,
+             fields: Mapping[type, tuple[str, ...]] | None = None) -> Iterator[JournaledEvent]:
         """Every committed, unfenced event of the journal, partition by partition.
-        Records that do not decode go to ``report`` (and are stepped over)."""
+        Records that do not decode go to ``report`` (and are stepped over). ``fields``: decode
+        only those fields of those record types (``Journal.scan``)."""
         partitions = range(self.journal.backend.partitions)
-        return self._counted(self.journal.scan(report), partitions, progress)
+        return self._counted(self.journal.scan(report, fields), partitions, progress)
 
     def rollout_events(self, rollout_id: str, report: ReadReport,
                        progress: Progress | None = None) -> Iterator[JournaledEvent]:

@@ -169,6 +169,17 @@ def test_list_filters(crashed: CrashedRun, capsys) -> None:
     assert shown("--status", "finished", "--group", "rp-g0", "--crashed") == {crashed.ids["g0-s1"]}
 
 
+def test_the_projected_list_scan_equals_the_fully_decoded_one(crashed: CrashedRun) -> None:
+    """``replay list`` decodes only what the fold reads: on a real run that crashed and resumed,
+    every row and every record it stepped over are what a full decode gives."""
+    with open_replay(crashed.location) as source:
+        from replay.listing import list_rollouts
+        projected, full = list_rollouts(source), list_rollouts(source, projected=False)
+    assert projected.as_json() == full.as_json()
+    assert projected.report.fenced == full.report.fenced and projected.report.errors == full.report.errors
+    assert {r["model_calls"] for r in projected.as_json()["rollouts"]} != {0}  # calls were folded, not skipped
+
+
 def test_list_prints_a_table(crashed: CrashedRun, capsys) -> None:
     assert cli(["list", crashed.location]) == 0
     lines = capsys.readouterr().out.splitlines()
