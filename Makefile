@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 VLLM_STAMP := $(VENV)/.vllm-stamp
 
-.PHONY: demo test bench venv
+.PHONY: demo test bench venv lint
 
 venv: $(STAMP)
 
@@ -37,3 +37,6 @@ test: $(VLLM_STAMP)
 
 bench: $(VLLM_STAMP)
 	$(PY) bench/run_all.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .

@@ -45,7 +45,13 @@ from journal.open import open_journal  # noqa: E402
 from participants.config import WorkloadConfig  # noqa: E402
 from participants.specs import workload_specs  # noqa: E402
 from tests.fleet_support import (  # noqa: E402
-    audit_journal, every_turn_reported, reported_turns, start_worker, submit, wait_for, workload_yaml,
+    audit_journal,
+    every_turn_reported,
+    reported_turns,
+    start_worker,
+    submit,
+    wait_for,
+    workload_yaml,
 )
 from tests.recovery_support import reference_outcomes  # noqa: E402
 
@@ -174,7 +180,7 @@ def throughput(bootstrap: str, work: Path, quick: bool) -> dict:
         try:
             balanced(workers)
             submit(url, workload_yaml(work / f"tp{count}.yaml", **config.model_dump(mode="json", exclude={"journal"})))
-            wait_for(lambda: sum(reported_turns(workers).values()) >= total, 900, "every turn", workers)
+            wait_for(lambda: sum(reported_turns(workers).values()) >= total, 900, "every turn", workers)  # noqa: B023 (called here)
             times = [t for w in workers for t, _, _ in w.committed()]
             started, ended = min(times), max(times)  # first to last committed turn: the workers' pick-up left out
             stop_all(workers)

@@ -54,7 +54,7 @@ def member_main(args: argparse.Namespace) -> None:
                              group_protocol=args.protocol)
     stop = threading.Event()
 
-    def say(event: str) -> "callable":
+    def say(event: str) -> callable:
         return lambda parts: print(f"{event} {time.time():.3f} {','.join(map(str, parts))}", flush=True)
 
     group = WorkerGroup(settings, args.name, on_assigned=say("assigned"), on_revoked=say("revoked"),

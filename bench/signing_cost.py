@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import bootstrap_median_interval, median  # noqa: E402
 from journal.anchoring import HeadSigner, HeadVerifier  # noqa: E402
 from journal.codec import Codec  # noqa: E402
-from journal.events import ChainHead, Header, HeadCheckpoint  # noqa: E402
+from journal.events import ChainHead, HeadCheckpoint, Header  # noqa: E402
 from journal.open import open_journal  # noqa: E402
 from participants.config import WorkloadConfig  # noqa: E402
 from participants.environments import make_environment  # noqa: E402

@@ -11,7 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from compose.maven_jars import (
-    CACHE_ENV_VAR, JarDownloadError, MissingToolError, cache_root, ensure_maven_jars, pom_property, require_tool,
+    CACHE_ENV_VAR,
+    JarDownloadError,
+    MissingToolError,
+    cache_root,
+    ensure_maven_jars,
+    pom_property,
+    require_tool,
 )
 
 __all__ = [

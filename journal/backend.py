@@ -126,7 +126,7 @@ class Backend(ABC):
     def close(self) -> None:
         """Release connections, files and locks. Idempotent."""
 
-    def __enter__(self) -> "Backend":
+    def __enter__(self) -> Backend:
         return self
 
     def __exit__(self, *exc: object) -> None:

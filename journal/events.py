@@ -14,6 +14,7 @@ from typing import ClassVar, Union
 
 import numpy as np
 
+
 @dataclass(frozen=True)
 class Header:
     rollout_id: str

@@ -115,7 +115,7 @@ class CommitMark:
         return f"{self.snap_generation}:{self.snap_length}:{self.batch_start}:{self.batch_crc}".encode()
 
     @classmethod
-    def decode(cls, value: bytes | None) -> "CommitMark":
+    def decode(cls, value: bytes | None) -> CommitMark:
         try:
             generation, length, start, crc = (value or b"").decode().split(":")
             return cls(int(generation), int(length), int(start), int(crc))

@@ -42,8 +42,14 @@ from dataclasses import dataclass
 
 from .backend import Backend, OutRecord, Stream, partition_for
 from .errors import (
-    AbortableCommitError, FatalJournalError, JournalClosedError, JournalStoppedError, NotAuthorizedError,
-    PartitionFencedError, RecordLocation, writer_fenced,
+    AbortableCommitError,
+    FatalJournalError,
+    JournalClosedError,
+    JournalStoppedError,
+    NotAuthorizedError,
+    PartitionFencedError,
+    RecordLocation,
+    writer_fenced,
 )
 
 log = logging.getLogger(__name__)

@@ -15,15 +15,31 @@ from .codec import Codec, peek_seq
 from .errors import ConfigurationError, CorruptRecordError, FencedWriteError, JournalError, RecordLocation
 from .event_chunks import ChunkJoiner, split_event
 from .events import (
-    ROLLOUT_EVENT_TYPES, AttemptStarted, EventChunk, FenceEntry, FenceHistory, Header, RolloutAcknowledged,
-    RolloutEvent, WorkloadRegistered,
+    ROLLOUT_EVENT_TYPES,
+    AttemptStarted,
+    EventChunk,
+    FenceEntry,
+    FenceHistory,
+    Header,
+    RolloutAcknowledged,
+    RolloutEvent,
+    WorkloadRegistered,
 )
 from .fencing import EpochFence, FencedEventDropped
 from .group_commit import AppendReceipt, GroupCommitter
 from .projection import Projection
 from .snapshots import (
-    LEGACY_WORKLOAD_PREFIX, WORKLOAD_SUFFIX, Fence, SnapshotDraft, SnapshotIndex, SnapshotSlots, fence_record,
-    load_snapshots, snapshot_records, tombstone_records, workload_key,
+    LEGACY_WORKLOAD_PREFIX,
+    WORKLOAD_SUFFIX,
+    Fence,
+    SnapshotDraft,
+    SnapshotIndex,
+    SnapshotSlots,
+    fence_record,
+    load_snapshots,
+    snapshot_records,
+    tombstone_records,
+    workload_key,
 )
 
 log = logging.getLogger(__name__)
@@ -237,7 +253,7 @@ class Journal:
         self._committer.close()
         self.backend.close()
 
-    def __enter__(self) -> "Journal":
+    def __enter__(self) -> Journal:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -372,7 +388,7 @@ class Journal:
             found = self._projections[key] = Projection(self.codec, fields)
         return found
 
-    def follow_workloads(self) -> "WorkloadFeed":
+    def follow_workloads(self) -> WorkloadFeed:
         """The workload registrations as they are committed (a fleet's workers pick them up)."""
         follow = getattr(self.backend, "follow_snapshots", None)
         if follow is None:

@@ -69,7 +69,7 @@ from .kafka_clients import ClientErrors, admin_config, new_client
 from .kafka_config import KafkaSettings
 from .kafka_readers import Follower, ReaderPool
 from .kafka_topics import TopicState, prepare_topics, record_limits, topic_configs
-from .kafka_writer import StagedCommit, KafkaWriter
+from .kafka_writer import KafkaWriter, StagedCommit
 
 log = logging.getLogger(__name__)
 

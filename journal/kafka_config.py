@@ -208,7 +208,7 @@ class KafkaSettings(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _isr_fits_replicas(self) -> "KafkaSettings":
+    def _isr_fits_replicas(self) -> KafkaSettings:
         if None not in (self.min_insync_replicas, self.replication_factor) \
                 and self.min_insync_replicas > self.replication_factor:  # type: ignore[operator]
             raise ValueError(
@@ -256,12 +256,12 @@ class KafkaSettings(BaseModel):
     # -- construction from a URL and the environment ------------------------------------------
 
     @classmethod
-    def from_url(cls, url: str, *, env: Mapping[str, str] | None = None) -> "KafkaSettings":
+    def from_url(cls, url: str, *, env: Mapping[str, str] | None = None) -> KafkaSettings:
         """Settings from ``kafka://host:port[,host2:port]/namespace?setting=value&...``, then env overrides."""
         return cls._build({**_parse_url(url)}, env)
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **defaults: Any) -> "KafkaSettings":
+    def from_env(cls, env: Mapping[str, str] | None = None, **defaults: Any) -> KafkaSettings:
         """Settings from ``defaults``, then ``ROLLOUT_JOURNAL_KAFKA_URL`` if set, then env overrides."""
         source = os.environ if env is None else env
         values: dict[str, Any] = dict(defaults)
@@ -273,7 +273,7 @@ class KafkaSettings(BaseModel):
         return cls._build(values, env)
 
     @classmethod
-    def _build(cls, values: dict[str, Any], env: Mapping[str, str] | None) -> "KafkaSettings":
+    def _build(cls, values: dict[str, Any], env: Mapping[str, str] | None) -> KafkaSettings:
         _apply_env(values, os.environ if env is None else env)
         return cls(**values)
 

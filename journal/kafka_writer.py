@@ -62,7 +62,15 @@ from .errors import (
 )
 from .kafka_access import TOPIC, TRANSACTIONAL_ID, check_topic_access, refusal
 from .kafka_clients import (
-    FENCED_CODES, admin_config, base_config, client_log, close_client, describe, kafka_error, new_client, unwrapped,
+    FENCED_CODES,
+    admin_config,
+    base_config,
+    client_log,
+    close_client,
+    describe,
+    kafka_error,
+    new_client,
+    unwrapped,
 )
 from .kafka_config import KafkaSettings
 from .kafka_topics import RECORD_FRAMING_BYTES
@@ -84,7 +92,7 @@ class StagedCommit:
     between produce and commit (a zombie writer that gets fenced, an abort).
     """
 
-    def __init__(self, writer: "KafkaWriter", producer: Producer, locations: list[RecordLocation]) -> None:
+    def __init__(self, writer: KafkaWriter, producer: Producer, locations: list[RecordLocation]) -> None:
         self._writer = writer
         self._producer = producer
         self.locations = locations

@@ -172,8 +172,9 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         load_tasks,
         make_environment,
     )
-    from .generation import Generation, GenerationBackend
+    from .generation import BackendError, Generation, GenerationBackend, GenerationRequest
     from .model import ModelParticipant
+    from .openai_backend import OpenAIBackend
     from .resource_client import EnvironmentFactory, RemoteEnvironment
     from .resource_protocol import (
         ControlError,
@@ -199,10 +200,8 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         restore_state,
     )
     from .runner import RestoreTiming, RolloutReport, Runner, RunReport, workload_specs
-    from .tokenizer import ChatTokenizer, default_tokenizer
-    from .generation import BackendError, GenerationRequest
-    from .openai_backend import OpenAIBackend
     from .tiny_model import tiny_model_dir
+    from .tokenizer import ChatTokenizer, default_tokenizer
     from .torch_policy import TorchPolicy
     from .vllm_backend import VllmBackend, VllmEngine
     from .worker import FleetWorker, WorkerReport, submit_workload

@@ -36,7 +36,6 @@ import numpy as np
 
 from journal.anchoring import HeadSigner
 from journal.errors import JournalError, RolloutJournalError
-from journal.group_commit import CommitFuture
 from journal.events import (
     AttemptFenced,
     AttemptStarted,
@@ -51,6 +50,7 @@ from journal.events import (
     SamplingParams,
     TurnCompleted,
 )
+from journal.group_commit import CommitFuture
 from journal.journal import Journal
 from journal.snapshots import SnapshotDraft
 

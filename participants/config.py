@@ -77,7 +77,7 @@ class ModelConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _backend_settings(self) -> "ModelConfig":
+    def _backend_settings(self) -> ModelConfig:
         if self.backend == "openai" and not self.url:
             raise ValueError("model.backend openai needs model.url (the server's base URL, e.g. "
                              "http://127.0.0.1:8000/v1)")
@@ -256,7 +256,7 @@ class WorkloadConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _servers_name_environments(self) -> "WorkloadConfig":
+    def _servers_name_environments(self) -> WorkloadConfig:
         for name, url in self.resource_servers.items():
             if name not in self.environments:
                 raise ValueError(f"resource_servers names environment {name!r}, which the workload does not run "
@@ -265,7 +265,7 @@ class WorkloadConfig(BaseModel):
             if parsed.scheme not in ("http", "https") or not parsed.hostname:
                 raise ValueError(f"resource_servers[{name!r}] = {url!r} is no http(s)://host:port URL")
             try:
-                parsed.port
+                _ = parsed.port  # raises ValueError for a port that is no number
             except ValueError:
                 raise ValueError(f"resource_servers[{name!r}] = {url!r}: the port is no number") from None
         return self
@@ -279,7 +279,7 @@ class WorkloadConfig(BaseModel):
             raise ValueError(str(exc)) from None
 
     @classmethod
-    def load(cls, path: str | Path, **overrides: object) -> "WorkloadConfig":
+    def load(cls, path: str | Path, **overrides: object) -> WorkloadConfig:
         """Read and validate a workload YAML; ``overrides`` (None: not given) win over the file.
         Any problem is a ``ConfigurationError`` of one line naming the file and the setting."""
         try:

@@ -17,7 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from journal.anchoring import HeadSigner
-from journal.errors import ConfigurationError, FencedWriteError, JournalClosedError, PartitionFencedError, RecordLocation
+from journal.errors import (
+    ConfigurationError,
+    FencedWriteError,
+    JournalClosedError,
+    PartitionFencedError,
+    RecordLocation,
+)
 from journal.events import Header, RolloutAcknowledged, WorkloadRegistered
 from journal.journal import Journal
 from journal.restore import RestorePlan, RolloutHistory, load_rollouts, reload_rollout
@@ -30,8 +36,8 @@ from .generation import GenerationBackend
 from .model import ModelParticipant
 from .resource_client import EnvironmentFactory
 from .resources import Recovery, ResourceError, StaleEpochError
-from .specs import fork_specs, workload_specs
 from .rollout_state import RolloutSpec, RolloutState, StateFoldError, restore_state
+from .specs import fork_specs, workload_specs
 from .tokenizer import ChatTokenizer
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,12 @@ import torch
 
 from participants.constraints import ConstraintViolation, TokenConstraint
 from participants.generation import (
-    FINISH_LENGTH, FINISH_STOP, Generation, GenerationRequest, SamplingParams, TokenChunk,
+    FINISH_LENGTH,
+    FINISH_STOP,
+    Generation,
+    GenerationRequest,
+    SamplingParams,
+    TokenChunk,
 )
 from participants.tiny_model import policy_version_of
 from participants.tokenizer import ChatTokenizer

@@ -72,8 +72,8 @@ def write_history(config: WorkloadConfig) -> None:
 
 def derive(journal: Journal, config: WorkloadConfig) -> dict:
     """What this version derives from a journal: the expected.json of a golden set."""
-    from replay.audit import ChainAuditor
     from journal import HeadVerifier, ReadReport
+    from replay.audit import ChainAuditor
 
     plan = load_rollouts(journal)
     rollouts = {}

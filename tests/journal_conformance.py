@@ -18,10 +18,16 @@ import numpy as np
 import pytest
 
 from journal.backend import Backend, OutRecord, Stream
-from journal.event_chunks import split_event
 from journal.errors import CorruptRecordError, FencedWriteError, OversizedEventError, UnknownSchemaError
+from journal.event_chunks import split_event
 from journal.events import (
-    AttemptStarted, Header, Message, ModelCall, RolloutFinished, SamplingParams, TurnCompleted,
+    AttemptStarted,
+    Header,
+    Message,
+    ModelCall,
+    RolloutFinished,
+    SamplingParams,
+    TurnCompleted,
 )
 from journal.journal import Cursor, Journal, ReadReport
 from journal.restore import load_rollouts

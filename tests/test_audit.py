@@ -19,8 +19,8 @@ from participants.config import WorkloadConfig
 from participants.runner import workload_specs
 from participants.workload import run_workload
 from replay.audit import AuditSummary, Problem, audit_events
-from replay.exit_codes import EXIT_INPUT
 from replay.cli import main as cli_main
+from replay.exit_codes import EXIT_INPUT
 from tests.journal_tamper import TamperedLog
 
 

@@ -29,8 +29,20 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 import schemas
 from compose.maven_jars import build_once, cache_root, ensure_maven_jars, pom_property, require_tool
 from journal import (
-    AttemptFenced, AttemptStarted, ChainHead, Codec, FileBackend, HeadSigner, Journal, Message, RecordLocation,
-    ResourceMutation, RolloutFailed, RolloutFinished, SnapshotDraft, WorkloadRegistered,
+    AttemptFenced,
+    AttemptStarted,
+    ChainHead,
+    Codec,
+    FileBackend,
+    HeadSigner,
+    Journal,
+    Message,
+    RecordLocation,
+    ResourceMutation,
+    RolloutFailed,
+    RolloutFinished,
+    SnapshotDraft,
+    WorkloadRegistered,
 )
 from journal.kafka_backend import KafkaBackend
 from journal.kafka_config import KafkaSettings

@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 from collections import deque
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
@@ -14,7 +14,14 @@ from participants.environments.base import SUBMIT, Observation
 from participants.environments.counter import CounterEnvironment
 from participants.environments.sandbox import SandboxClosedError, SandboxEnvironment
 from participants.environments.workplace import WorkplaceEnvironment
-from participants.resources import MutationRecord, MutationRequest, Recovery, RecoveryNotSupportedError, Resource, StaleEpochError
+from participants.resources import (
+    MutationRecord,
+    MutationRequest,
+    Recovery,
+    RecoveryNotSupportedError,
+    Resource,
+    StaleEpochError,
+)
 
 
 class Agent:

@@ -14,8 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from replay.exit_codes import EXIT_JOURNAL_DAMAGED
-
 from journal.backend import OutRecord, Stream
 from journal.errors import CorruptRecordError, WriterLockedError
 from journal.file_backend import FileBackend
@@ -26,6 +24,7 @@ from participants.config import WorkloadConfig
 from participants.runner import workload_specs
 from participants.workload import run_workload
 from replay.cli import main as cli
+from replay.exit_codes import EXIT_JOURNAL_DAMAGED
 from tests.journal_conformance import header, model_call, started, turn_done
 from tests.recovery_support import assert_identical, reference_outcomes
 

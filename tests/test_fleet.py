@@ -21,7 +21,14 @@ from journal.backend import partition_for
 from participants.config import WorkloadConfig
 from participants.specs import workload_specs
 from tests.fleet_support import (
-    audit_journal, every_turn_reported, reported_turns, start_worker, submit, wait_for, workload_done, workload_yaml,
+    audit_journal,
+    every_turn_reported,
+    reported_turns,
+    start_worker,
+    submit,
+    wait_for,
+    workload_done,
+    workload_yaml,
 )
 from tests.recovery_support import reference_outcomes
 

@@ -12,7 +12,13 @@ from collections.abc import Callable, Iterator
 import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import (
-    AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewTopic, ResourceType,
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    ConfigSource,
+    NewTopic,
+    ResourceType,
 )
 
 from journal.backend import OutRecord, StoredRecord, Stream, partition_for
@@ -188,7 +194,9 @@ def test_restore_refuses_a_prefix_held_back_by_another_workers_open_transaction(
     # The review's reproduction: worker 2 resumed rollout r as epoch 2 after worker X began a transaction
     # on r's partition. Worker 3's restore read to the last stable offset, X's open transaction hid
     # worker 2's fence, and worker 3 would have taken epoch 2 again.
-    slot = lambda name: settings.model_copy(update={"transactional_id": name, "stable_read_timeout_ms": 1500})
+    def slot(name: str) -> KafkaSettings:
+        return settings.model_copy(update={"transactional_id": name, "stable_read_timeout_ms": 1500})
+
     with Journal(KafkaBackend(slot("w1"))) as first:
         first.append_sync([started("r", 0), turn_done("r", 1)], SnapshotDraft(header("r", 1, turn=1), "running", 1, b"s"))
     partition = partition_for("r", settings.partitions)

@@ -16,9 +16,9 @@ import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from compose.cli import register_kafka_commands, run_kafka_command
 from compose.broker_daemon import status
 from compose.broker_jars import MissingToolError, ensure_broker_jars
+from compose.cli import register_kafka_commands, run_kafka_command
 from compose.local_broker import BrokerStartError, LocalKafkaCluster, start_local_cluster
 
 CLIENT_LOG = logging.getLogger("tests.kafka.client")

@@ -11,7 +11,7 @@ import pytest
 
 from journal.backend import OutRecord, Stream
 from journal.errors import FencedWriteError
-from journal.events import TurnCompleted, Message
+from journal.events import Message, TurnCompleted
 from journal.journal import ReadReport
 from journal.open import open_journal
 from participants.config import WorkloadConfig
@@ -19,7 +19,11 @@ from participants.resources import StaleEpochError
 from participants.runner import Runner, workload_specs
 from participants.workload import build_backend, run_workload
 from tests.recovery_support import (
-    assert_identical, assert_no_mutation_applied_twice, journal_turns, reference_outcomes, run_child_and_kill,
+    assert_identical,
+    assert_no_mutation_applied_twice,
+    journal_turns,
+    reference_outcomes,
+    run_child_and_kill,
 )
 
 BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]

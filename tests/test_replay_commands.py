@@ -30,9 +30,9 @@ from participants.rollout_state import restore_state
 from participants.runner import Runner, RunReport, workload_specs
 from participants.tokenizer import ChatTokenizer, default_tokenizer
 from participants.workload import build_backend, open_workload_journal, run_workload
-from replay.exit_codes import EXIT_INPUT, EXIT_JOURNAL_DAMAGED
 from replay.cli import main as cli
 from replay.errors import ForkError, NoSuchRevisionError, NoSuchTurnError
+from replay.exit_codes import EXIT_INPUT, EXIT_JOURNAL_DAMAGED
 from replay.fork import fork_rollout
 from replay.resource_state import resource_state
 from replay.source import open_replay

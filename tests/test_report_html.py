@@ -11,8 +11,8 @@ import pytest
 
 from journal.anchoring import HeadSigner
 from participants.runner import workload_specs
-from replay.exit_codes import EXIT_INPUT
 from replay.cli import main as cli_main
+from replay.exit_codes import EXIT_INPUT
 from tests.headless_chromium import HeadlessChromium
 from tests.test_audit import crashed_and_resumed
 

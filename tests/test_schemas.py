@@ -14,9 +14,28 @@ import schemas
 from journal.codec import MAGIC, Codec
 from journal.errors import RecordLocation
 from journal.events import (
-    AttemptFenced, AttemptStarted, BlobChunk, BlobRef, ChainHead, EventChunk, Header, HeadCheckpoint, Message,
-    ModelCall, ModelCallProgress, OutputSegment, Record, ResourceMutation, RolloutAcknowledged, RolloutFailed,
-    RolloutFinished, Snapshot, TurnCompleted, WorkloadRegistered, FenceEntry, FenceHistory,
+    AttemptFenced,
+    AttemptStarted,
+    BlobChunk,
+    BlobRef,
+    ChainHead,
+    EventChunk,
+    FenceEntry,
+    FenceHistory,
+    HeadCheckpoint,
+    Header,
+    Message,
+    ModelCall,
+    ModelCallProgress,
+    OutputSegment,
+    Record,
+    ResourceMutation,
+    RolloutAcknowledged,
+    RolloutFailed,
+    RolloutFinished,
+    Snapshot,
+    TurnCompleted,
+    WorkloadRegistered,
 )
 from schemas.legacy import FINGERPRINTS_0_1_0, fingerprint_by_the_0_1_0_rule
 from tests.journal_conformance import header, model_call, started, turn_done

@@ -198,7 +198,7 @@ def test_the_users_environment_recovers_across_sigkill_like_the_builtins(tmp_pat
             assert stats.get("reconciled", 0) + stats.get("imported", 0) >= sum(
                 1 for turns, done in at_crash.values() if turns and not done)
     rows = resumed.rollouts
-    for rid, (turns, finished) in at_crash.items():
+    for rid, (turns, _finished) in at_crash.items():
         assert rows[rid].turns_committed_before == turns and not rows[rid].restarted_from_zero
     assert_identical(resumed, reference)
     assert_no_mutation_applied_twice(config)

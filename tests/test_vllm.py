@@ -26,7 +26,12 @@ from participants.runner import workload_specs
 from participants.workload import run_workload
 from tests import test_recovery
 from tests.recovery_support import (
-    _CTX, _child, assert_identical, assert_no_mutation_applied_twice, journal_turns, reference_outcomes,
+    _CTX,
+    _child,
+    assert_identical,
+    assert_no_mutation_applied_twice,
+    journal_turns,
+    reference_outcomes,
     run_child_and_kill,
 )
 from tests.vllm_fixtures import SERVED_NAME
@@ -66,9 +71,8 @@ async def engine_output(model: ModelConfig, prompt: np.ndarray, params: Sampling
         from vllm.sampling_params import RequestOutputKind
 
         from participants.constraints import ActionTrie
-        from participants.vllm_backend import VllmEngine, sampled_logprobs, sampling_params
-
         from participants.tokenizer import ChatTokenizer
+        from participants.vllm_backend import VllmEngine, sampled_logprobs, sampling_params
 
         engine = VllmEngine.shared(model.model_dir())
         tokenizer = ChatTokenizer.from_folder(model.model_dir())
@@ -103,7 +107,7 @@ def action_space_at(config: WorkloadConfig, events: list, turn: int) -> list[str
         for done in [e for e in events if isinstance(e, TurnCompleted) and e.header.turn < turn]:
             counter = iter(range(100))
             env.step(done.actions[0], lambda r: MutationRequest(spec.rollout_id, 1, 1,
-                                                                f"k{done.header.turn}/m{next(counter)}", r.revision))
+                                                                f"k{done.header.turn}/m{next(counter)}", r.revision))  # noqa: B023
         actions = env.action_space()
     finally:
         env.close()

@@ -18,7 +18,8 @@ import select
 import subprocess
 import sys
 import weakref
-from typing import Any, Callable, ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 from participants.environments.base import SUBMIT, Environment, StepMutations
 from participants.environments.tasks import Task
