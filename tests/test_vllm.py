@@ -181,9 +181,11 @@ def test_a_long_generation_killed_midway_continues_from_its_journaled_prefix(bac
     child.start()
     try:
         deadline = time.monotonic() + 600
-        while child.is_alive() and _partial_tokens(config) < 48 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert child.is_alive(), "the workload ended before its long call was half way"
+        # Two progress marks are enough to show the prefix kept: on a loaded machine a server's
+        # call can end before a slow poll sees more.
+        while child.is_alive() and _partial_tokens(config) < 32 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert child.is_alive(), "the workload ended before two progress marks of its long call were read"
         os.kill(child.pid, signal.SIGKILL)
         child.join()
     finally:
@@ -191,7 +193,7 @@ def test_a_long_generation_killed_midway_continues_from_its_journaled_prefix(bac
             child.kill()
             child.join()
     prefix = _partial_tokens(config)
-    assert 48 <= prefix < 400 and prefix % 16 == 0
+    assert 32 <= prefix < 400 and prefix % 16 == 0
 
     resumed = run_workload(config, resume=True)
 
