@@ -15,7 +15,8 @@
 3. ``results_read_ratio``: trainer-side read throughput of a namespace's results topic
    (``participants.TrainerFeed``: read_committed, Avro decoding, group assembly and each
    group's padded torch batch, ``PromptGroup.tensors()``) divided by a raw confluent-kafka
-   read_committed consumer of the same topic that only counts the bytes, in the same run.
+   read_committed consumer of the same topic, with the same librdkafka settings, that only
+   counts the bytes, in the same run.
    ``--results-records`` training records of ``--results-tokens`` tokens, groups of 4,
    published by a transactional producer; rounds alternate which reader goes first.
    ``results_read_ratio_no_tensors`` is the feed without building tensors. Kafka:
@@ -199,15 +200,18 @@ def _by_partition(batch: list, partitions: int) -> dict[int, list]:
 
 
 def _read_raw(location: str, records: int) -> float:
-    """Seconds for a plain read_committed consumer to receive every record (bytes counted only)."""
+    """Seconds for a plain read_committed consumer to receive every record (bytes counted only). Its
+    librdkafka settings are the feed's own (fetch and prefetch tuned alike), so the ratio is what
+    the feed adds, not what a default config loses."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     from journal.kafka_config import KafkaSettings
+    from journal.kafka_readers import ReaderPool
 
     settings = KafkaSettings.from_url(location)
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"raw-{time.time_ns()}",
-                         "isolation.level": "read_committed", "enable.auto.commit": False,
-                         "enable.partition.eof": False})
+    config = ReaderPool(settings).consumer_config()
+    config.update({"enable.partition.eof": False, "fetch.wait.max.ms": 50, "group.id": f"raw-{time.time_ns()}"})
+    consumer = Consumer(config)
     consumer.assign([TopicPartition(settings.results_topic, p, OFFSET_BEGINNING) for p in range(settings.partitions)])
     started, seen, nbytes = time.perf_counter(), 0, 0
     try:

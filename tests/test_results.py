@@ -71,11 +71,14 @@ def publish(backend, *records: TrainingRecord) -> None:
 def test_the_feed_hands_on_whole_groups_with_tensors_equal_to_the_export(journal_location: str) -> None:
     config = workload(journal_location)
     run_workload(config, resume=False)
+    again = run_workload(config, resume=True)  # finished, not acknowledged: offered again, never rerun
+    assert all(r.reused_result for r in again.rollouts.values())
     expected = exported(journal_location)
     assert len(expected) == 6
     with TrainerFeed(open_backend(journal_location, read_only=True)) as feed:
-        groups = list(feed.groups(limit=3, idle_timeout_s=30))
+        groups = list(feed.groups(idle_timeout_s=2, poll_s=0.5))
     assert sorted(g.group_id for g in groups) == ["res-g0", "res-g1", "res-g2"]
+    assert feed.records_read == 6 and feed.duplicates_dropped == 0  # one record per rollout, resumes or not
     for group in groups:
         batch = group.tensors()
         assert batch["rollout_ids"] == sorted(s.rollout_id for s in workload_specs(config)
