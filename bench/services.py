@@ -12,8 +12,17 @@
    closed, agents parked, every rollout prepared and exported by its resource server over
    HTTP, snapshots committed, sessions resumed) while the same kinds of rollouts run.
 
-A section is a function ``(args, tmp) -> figures`` in ``SECTIONS``; the results stream adds
-``results_read_ratio`` (trainer-side reads of the results topic vs a raw consumer) there.
+3. ``results_read_ratio``: trainer-side read throughput of a namespace's results topic
+   (``participants.TrainerFeed``: read_committed, Avro decoding, group assembly and each
+   group's padded torch batch, ``PromptGroup.tensors()``) divided by a raw confluent-kafka
+   read_committed consumer of the same topic, with the same librdkafka settings, that only
+   counts the bytes, in the same run.
+   ``--results-records`` training records of ``--results-tokens`` tokens, groups of 4,
+   published by a transactional producer; rounds alternate which reader goes first.
+   ``results_read_ratio_no_tensors`` is the feed without building tensors. Kafka:
+   ``KAFKA_BOOTSTRAP_SERVERS`` if set, else a local broker started for the run.
+
+A section is a function ``(args, tmp) -> figures`` in ``SECTIONS``.
 """
 
 from __future__ import annotations
@@ -143,10 +152,133 @@ def checkpoint_pauses(args: argparse.Namespace, tmp: Path) -> dict:
             "pause_rollouts": args.groups * args.siblings}
 
 
-# The results stream's reader adds its section here: "results": <fn giving results_read_ratio>.
+# -- 3. the trainer's reads of the results topic vs a raw consumer --------------------------------
+def _publish_results(location: str, records: int, tokens: int, group_size: int) -> int:
+    """Training records on the results topic, a transaction per 64 (as many final turns commit
+    together); the bytes published."""
+    import numpy as np
+
+    from journal.backend import OutRecord, Stream
+    from journal.codec import Codec
+    from journal.events import FenceEntry, Header, TokenSegment, TrainingRecord
+    from journal.open import open_backend
+
+    codec, rng, total = Codec(), np.random.default_rng(0), 0
+    backend = open_backend(location, writer="bench-results")
+    try:
+        batch: list[OutRecord] = []
+        for i in range(records):
+            rollout, group = f"b-g{i // group_size}-s{i % group_size}", f"b-g{i // group_size}"
+            half = tokens // 2
+            mask = np.zeros(tokens, dtype=bool)
+            mask[half:] = True
+            record = TrainingRecord(
+                Header(rollout, group, 1, 1, 7, 40, Header.now_ms(), "bench"), group_size, float(rng.random()), True,
+                rng.integers(0, 50_000, tokens, dtype=np.int32), np.where(mask, -rng.random(tokens), 0).astype("<f4"),
+                mask, [TokenSegment(0, half, False, 1, 0, f"{rollout}/c0", "p0"),
+                       TokenSegment(half, tokens, True, 1, 0, f"{rollout}/c0", "p0")],
+                [FenceEntry(1, 1, 0, "bench", 0)])
+            value = codec.encode(record)
+            total += len(value)
+            batch.append(OutRecord(Stream.RESULTS, rollout, value, rollout))
+            if len(batch) == 64 or i == records - 1:
+                for records_of in _by_partition(batch, backend.partitions).values():
+                    backend.commit(records_of)
+                batch = []
+    finally:
+        backend.close()
+    return total
+
+
+def _by_partition(batch: list, partitions: int) -> dict[int, list]:
+    from journal.backend import partition_for
+
+    out: dict[int, list] = {}
+    for record in batch:
+        out.setdefault(partition_for(record.partition_key, partitions), []).append(record)
+    return out
+
+
+def _read_raw(location: str, records: int) -> float:
+    """Seconds for a plain read_committed consumer to receive every record (bytes counted only). Its
+    librdkafka settings are the feed's own (fetch and prefetch tuned alike), so the ratio is what
+    the feed adds, not what a default config loses."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
+
+    from journal.kafka_config import KafkaSettings
+    from journal.kafka_readers import ReaderPool
+
+    settings = KafkaSettings.from_url(location)
+    config = ReaderPool(settings).consumer_config()
+    config.update({"enable.partition.eof": False, "fetch.wait.max.ms": 50, "group.id": f"raw-{time.time_ns()}"})
+    consumer = Consumer(config)
+    consumer.assign([TopicPartition(settings.results_topic, p, OFFSET_BEGINNING) for p in range(settings.partitions)])
+    started, seen, nbytes = time.perf_counter(), 0, 0
+    try:
+        while seen < records:
+            for msg in consumer.consume(4096, 1.0):
+                if msg.error() is None:
+                    seen += 1
+                    nbytes += len(msg.value())
+        return time.perf_counter() - started
+    finally:
+        consumer.close()
+
+
+def _read_feed(location: str, groups: int, tensors: bool) -> float:
+    """Seconds for a TrainerFeed to hand on every group (and, with ``tensors``, build its batch)."""
+    from journal.open import open_backend
+    from participants.trainer import TrainerFeed
+
+    backend = open_backend(location, read_only=True)
+    started = time.perf_counter()
+    try:
+        with TrainerFeed(backend) as feed:
+            for group in feed.groups(limit=groups, poll_s=1.0):
+                if tensors:
+                    group.tensors()
+        return time.perf_counter() - started
+    finally:
+        backend.close()
+
+
+def results_reads(args: argparse.Namespace, tmp: Path) -> dict:
+    from bench.common import kafka_bootstrap
+
+    group_size = 4
+    records = args.results_records - args.results_records % group_size
+    with kafka_bootstrap() as bootstrap:
+        location = f"kafka://{bootstrap}/bench-results-{os.getpid()}-{time.time_ns() % 10**6}?partitions=4"
+        nbytes = _publish_results(location, records, args.results_tokens, group_size)
+        _read_raw(location, records)  # warm-up: page cache, connections
+        rows = []
+        for round_ in range(args.rounds):
+            readers = [("raw", lambda: _read_raw(location, records)),
+                       ("feed", lambda: _read_feed(location, records // group_size, True)),
+                       ("feed_no_tensors", lambda: _read_feed(location, records // group_size, False))]
+            if round_ % 2:
+                readers.reverse()
+            seconds = {name: fn() for name, fn in readers}
+            rows.append(seconds)
+            log(f"  round {round_ + 1}/{args.rounds}: raw {records / seconds['raw']:.0f} records/s, feed "
+                f"{records / seconds['feed']:.0f} records/s ({records / seconds['feed_no_tensors']:.0f} without tensors)")
+    ratios = [r["raw"] / r["feed"] for r in rows]
+    low, high = bootstrap_median_interval(ratios)
+    return {
+        "results_read_ratio": round(median(ratios), 4),
+        "results_read_ratio_90ci": [round(low, 4), round(high, 4)],
+        "results_read_ratio_no_tensors": round(median([r["raw"] / r["feed_no_tensors"] for r in rows]), 4),
+        "results_records_per_s_raw": round(records / median([r["raw"] for r in rows]), 1),
+        "results_records_per_s_feed": round(records / median([r["feed"] for r in rows]), 1),
+        "results_records": records, "results_tokens_per_record": args.results_tokens,
+        "results_mb": round(nbytes / 1e6, 1), "results_rounds": args.rounds,
+    }
+
+
 SECTIONS: dict[str, Callable[[argparse.Namespace, Path], dict]] = {
     "throughput": http_vs_inprocess,
     "pause": checkpoint_pauses,
+    "results": results_reads,
 }
 
 
@@ -157,6 +289,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--siblings", type=int, default=4)
     parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--results-records", type=int, default=4000, help="training records on the results topic")
+    parser.add_argument("--results-tokens", type=int, default=2048, help="tokens per training record")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections: {', '.join(SECTIONS)}")
     args = parser.parse_args(argv)
     only = [s.strip() for s in args.only.split(",") if s.strip()]

@@ -60,6 +60,8 @@ from .events import (
     RolloutFinished,
     SamplingParams,
     Snapshot,
+    TokenSegment,
+    TrainingRecord,
     TurnCompleted,
     WorkloadRegistered,
 )
@@ -69,6 +71,7 @@ from .group_commit import AppendReceipt
 from .journal import Cursor, Journal, JournaledEvent, ReadReport
 from .open import is_kafka_url, open_backend, open_journal
 from .restore import RestorePlan, RolloutHistory, load_rollouts
+from .results import PublishedResult, ResultsFollower, follow_results
 from .snapshots import SnapshotDraft
 
 _LAZY = {
@@ -129,10 +132,12 @@ __all__ = [
     "OversizedEventError",
     "PartitionFencedError",
     "ProducerFencedError",
+    "PublishedResult",
     "ReadReport",
     "Record",
     "RecordLocation",
     "ResourceMutation",
+    "ResultsFollower",
     "RestorePlan",
     "RolloutAcknowledged",
     "RolloutEvent",
@@ -147,11 +152,14 @@ __all__ = [
     "SnapshotsLostError",
     "StoredRecord",
     "Stream",
+    "TokenSegment",
+    "TrainingRecord",
     "TurnCompleted",
     "UnknownSchemaError",
     "UnstableReadError",
     "WorkloadRegistered",
     "WriterLockedError",
+    "follow_results",
     "is_kafka_url",
     "load_rollouts",
     "open_backend",

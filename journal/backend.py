@@ -4,7 +4,8 @@ A backend stores opaque keyed records on two streams and knows nothing of
 events, rollouts or fencing; ``journal.Journal`` builds those on top. It must:
 
 - ``commit`` a batch atomically: after a crash either every record of the batch
-  is readable or none is;
+  is readable or none is, on every stream it touches (a final turn's events and
+  its results record commit together);
 - hand back committed records only (Kafka ``read_committed``; the file
   backend's commit markers), in log order per partition;
 - report a record it cannot read as a ``StoredRecord`` with ``error`` set,
@@ -20,12 +21,13 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import JournalDamageError, RecordLocation
+from .errors import ConfigurationError, JournalDamageError, RecordLocation
 
 
 class Stream(enum.Enum):
     EVENTS = "events"  # long retention: the audit trail; key = rollout_id
     SNAPSHOTS = "snapshots"  # compacted: latest value per key survives; None value = tombstone
+    RESULTS = "results"  # a finished rollout's training record, committed with its final turn; key = rollout_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +118,11 @@ class Backend(ABC):
     def read_snapshots(self, partitions: Collection[int] | None = None) -> Iterator[StoredRecord]:
         """Every retained snapshot record (of ``partitions`` only, if given), in log order per
         partition (later wins)."""
+
+    def read_results(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
+        """Committed results records of one partition from ``from_offset`` to the current end (a
+        rollout's results record lies on its own partition, like its events)."""
+        raise ConfigurationError(f"a {self.kind} journal keeps no results stream")
 
     def damage(self) -> list[JournalDamageError]:
         """Damage to the storage that no record read will show (a lost snapshot file).

@@ -97,6 +97,10 @@ class ChunkJoiner:
                                                     f"(seq {joining.chunk.header.seq}) fails its size or SHA-256 check")
         return JoinedEvent(encoded, joining.first)
 
+    def first_locations(self) -> list[RecordLocation]:
+        """Where each event still being joined began."""
+        return [joining.first for joining in self._joining.values()]
+
     def unfinished(self) -> list[CorruptRecordError]:
         """Events whose pieces stopped before their last (read at the end of a read); forgets them."""
         errors = [self._unfinished(rollout_id, joining) for rollout_id, joining in self._joining.items()]

@@ -295,11 +295,96 @@ class EventChunk:
     data: bytes
 
 
+@dataclass(frozen=True)
+class TokenSegment:
+    """Tokens ``[start, end)`` of a rollout's lineage head: who made them."""
+
+    start: int
+    end: int
+    generated: bool  # sampled by the model (a call's output); else prompt text rendered by the agent
+    attempt: int
+    turn: int
+    call_id: str
+    policy_version: str
+
+    def clipped(self, end: int) -> TokenSegment:
+        return dataclasses.replace(self, end=min(self.end, end))
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True, eq=False)
+class TrainingRecord:
+    """What a trainer takes of one rollout: its lineage head's tokens, the logprob of each sampled
+    token, the loss mask, the reward, and who made each run of tokens. Published on the results
+    stream in the same commit as the rollout's ``RolloutFinished`` (whose header it carries), and
+    built the same way by ``replay export-training``; not a rollout event."""
+
+    RECORD: ClassVar[str] = "TrainingRecord"
+    header: Header
+    group_size: int
+    reward: float | None
+    finished: bool
+    input_ids: np.ndarray = field(metadata={"dtype": "<i4"})
+    logprobs: np.ndarray = field(metadata={"dtype": "<f4"})
+    loss_mask: np.ndarray = field(metadata={"dtype": "?"})
+    token_segments: list[TokenSegment] = field(default_factory=list)
+    attempts: list[FenceEntry] = field(default_factory=list)  # the fence history at the end (the journal fills it)
+
+    @property
+    def rollout_id(self) -> str:
+        return self.header.rollout_id
+
+    @property
+    def group_id(self) -> str:
+        return self.header.group_id
+
+    def tensors(self) -> dict:
+        """The record as torch tensors (``input_ids`` int64, ``logprobs`` float32, ``loss_mask`` bool,
+        ``token_attempt`` int32; per segment ``segment_bounds`` int64 [S, 2], ``segment_attempt`` /
+        ``segment_turn`` int32, ``segment_generated`` bool, ``segment_policy_version`` and
+        ``segment_call_id`` lists; ``reward`` float, NaN for an unfinished rollout)."""
+        import torch  # only a trainer needs it
+
+        segments = self.token_segments
+        attempt = np.zeros(len(self.input_ids), dtype=np.int32)
+        for s in segments:
+            attempt[s.start:s.end] = s.attempt
+        bounds = np.asarray([[s.start, s.end] for s in segments], dtype=np.int64).reshape(-1, 2)
+        return {
+            "rollout_id": self.rollout_id, "group_id": self.group_id,
+            "reward": float("nan") if self.reward is None else float(self.reward),
+            "finished": self.finished, "attempts": self.header.attempt,
+            "input_ids": torch.from_numpy(self.input_ids.astype(np.int64)),
+            "logprobs": torch.from_numpy(np.array(self.logprobs, dtype=np.float32)),
+            "loss_mask": torch.from_numpy(np.array(self.loss_mask, dtype=bool)),
+            "token_attempt": torch.from_numpy(attempt),
+            "segment_bounds": torch.from_numpy(bounds),
+            "segment_attempt": torch.tensor([s.attempt for s in segments], dtype=torch.int32),
+            "segment_turn": torch.tensor([s.turn for s in segments], dtype=torch.int32),
+            "segment_generated": torch.tensor([s.generated for s in segments], dtype=torch.bool),
+            "segment_policy_version": [s.policy_version for s in segments],
+            "segment_call_id": [s.call_id for s in segments],
+            "policy_versions": sorted({s.policy_version for s in segments}),
+        }
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, TrainingRecord):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f.name), getattr(other, f.name))
+            if "dtype" in f.metadata
+            else getattr(self, f.name) == getattr(other, f.name)
+            for f in dataclasses.fields(self)
+        )
+
+
 RolloutEvent = Union[
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
     RolloutAcknowledged, HeadCheckpoint,
 ]
-Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory]
+Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory, TrainingRecord]
 
 ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
@@ -311,10 +396,10 @@ BlobChunk, WorkloadRegistered or FenceHistory found there is a foreign record.""
 EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted,
     RolloutFinished, RolloutFailed, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered,
-    HeadCheckpoint, FenceHistory,
+    HeadCheckpoint, FenceHistory, TrainingRecord,
 )
 NESTED_TYPES: dict[str, type] = {
     "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message, "heads": ChainHead,
-    "segments": OutputSegment, "attempts": FenceEntry,
+    "segments": OutputSegment, "attempts": FenceEntry, "token_segments": TokenSegment,
 }
-NESTED_LISTS = frozenset({"messages", "heads", "segments", "attempts"})  # fields of NESTED_TYPES that hold an array of them
+NESTED_LISTS = frozenset({"messages", "heads", "segments", "attempts", "token_segments"})  # fields of NESTED_TYPES that hold an array of them

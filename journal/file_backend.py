@@ -3,11 +3,14 @@
 Layout of a journal directory::
 
     LOCK                       one writer at a time (flock), holds the writer's pid
-    log/<base offset>.seg      event frames and commit markers: the audit trail
+    log/<base offset>.seg      event frames, results frames and commit markers: the audit trail
     snapshots/<gen>.snap       snapshot frames (the compacted stream), generation <gen>
 
 A frame is ``b"RJ" | type:u8 | key_len:u16 | value_len:u32 | crc32:u32 | key | value``
-(little-endian; value_len ``0xFFFFFFFF`` is a tombstone). A commit first
+(little-endian; value_len ``0xFFFFFFFF`` is a tombstone; type 1 an event, 2 a
+snapshot, 3 a COMMIT, 4 a results record: the results stream lives in the log, so a
+final turn's results record commits under the same COMMIT as its events; readers
+before 0.4 report a type-4 frame as an unreadable record). A commit first
 appends its snapshot frames to the current ``.snap`` file, durably, then
 appends its event frames and a COMMIT frame to the log in one durable write
 (both files are opened ``O_DSYNC``: a write returns once it is on disk). The
@@ -88,7 +91,7 @@ _TOMBSTONE_LEN = 0xFFFFFFFF
 MAX_VALUE_LEN = 256 * 1024 * 1024
 MAX_KEY_LEN = 0xFFFF
 
-EVENT, SNAPSHOT, COMMIT = 1, 2, 3
+EVENT, SNAPSHOT, COMMIT, RESULT = 1, 2, 3, 4
 _TAIL_SCAN = 1 << 20  # bytes read at a time when looking backwards for the last commit marker
 
 
@@ -150,7 +153,7 @@ def _parse(data: bytes, pos: int, base: int) -> _Frame:
     magic, type_, key_len, value_len, crc = _HEADER.unpack_from(data, pos)
     if magic != FRAME_MAGIC:
         return _Frame(where, 0, "", None, where, error=f"bad frame magic {magic.hex()}")
-    if type_ not in (EVENT, SNAPSHOT, COMMIT):
+    if type_ not in (EVENT, SNAPSHOT, COMMIT, RESULT):
         return _Frame(where, 0, "", None, where, error=f"unknown frame type {type_}")
     tombstone = value_len == _TOMBSTONE_LEN
     body_len = key_len + (0 if tombstone else value_len)
@@ -551,10 +554,11 @@ class FileBackend(Backend):
         log_source = str(self._log_dir / _segment_name(self._active_base))
         snap_source = str(self._snap_path(self._last_mark.snap_generation))
         for record in records:
-            if record.stream is Stream.EVENTS:
+            if record.stream is not Stream.SNAPSHOTS:  # events and results: frames of the log, one commit
                 if record.value is None:
-                    raise ValueError(f"event record {record.key!r} has no value; only snapshots take tombstones")
-                frame = encode_frame(EVENT, record.key, record.value)
+                    raise ValueError(f"{record.stream.value} record {record.key!r} has no value; only snapshots "
+                                     "take tombstones")
+                frame = encode_frame(EVENT if record.stream is Stream.EVENTS else RESULT, record.key, record.value)
                 locations.append(RecordLocation(log_source, 0, position))
                 event_frames.append(frame)
                 ends[position] = position + len(frame)
@@ -703,6 +707,15 @@ class FileBackend(Backend):
             raise ValueError(f"file journal has one partition; asked for partition {partition}")
         for path, frame in self._committed_frames(from_offset):
             if frame.error is not None or frame.type == EVENT:
+                yield self._stored(path, frame)
+
+    def read_results(self, partition: int = 0, from_offset: int = 0) -> Iterator[StoredRecord]:
+        """Committed results frames (interleaved with the events in the log, under the same COMMIT
+        markers) from ``from_offset``, which may lie inside a frame: reading starts at the next."""
+        if partition != 0:
+            raise ValueError(f"file journal has one partition; asked for partition {partition}")
+        for path, frame in self._committed_frames(from_offset):
+            if frame.type == RESULT:
                 yield self._stored(path, frame)
 
     def _committed_mark(self) -> CommitMark:

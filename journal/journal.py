@@ -3,6 +3,7 @@ the same over every backend."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Collection, Iterator, Mapping, Sequence
@@ -23,6 +24,7 @@ from .events import (
     Header,
     RolloutAcknowledged,
     RolloutEvent,
+    TrainingRecord,
     WorkloadRegistered,
 )
 from .fencing import EpochFence, FencedEventDropped
@@ -129,8 +131,11 @@ class Journal:
     def partition_of(self, rollout_id: str) -> int:
         return partition_for(rollout_id, self.backend.partitions)
 
-    def append(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None) -> Future:
-        """Append one turn's events (and its snapshot) atomically.
+    def append(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None,
+               result: TrainingRecord | None = None) -> Future:
+        """Append one turn's events (and its snapshot, and a final turn's training record on the
+        results stream) atomically. The record's fence history is filled in here, from what this
+        writer knows of the rollout's attempts.
 
         Raises ``FencedWriteError`` at once if an event's epoch is older than
         the epoch this journal knows for its rollout, ``OversizedEventError`` if
@@ -155,6 +160,14 @@ class Journal:
                     attempts = self._attempts.setdefault(h.rollout_id, [])
                     attempts.append(FenceEntry(h.attempt, h.epoch, h.seq, h.writer, h.ts_ms))
                     encoded.append(fence_record(self.codec, FenceHistory(h.rollout_id, list(attempts))))
+            if result is not None:
+                result = dataclasses.replace(result, attempts=list(self._attempts.get(result.rollout_id, [])))
+        if result is not None:  # the same commit as the final turn: a trainer sees both or neither
+            rollout_id = result.rollout_id
+            pieces = split_event(self.codec, result, self.codec.encode(result), self.max_record_bytes,
+                                 self.max_event_bytes)
+            encoded.extend(OutRecord(Stream.RESULTS, rollout_id, piece, rollout_id, continuation=i > 0)
+                           for i, piece in enumerate(pieces))
         if snapshot is None:
             return self._committer.submit(lambda: encoded)
         partition = self.partition_of(snapshot.header.rollout_id)
@@ -162,17 +175,22 @@ class Journal:
             self._committed_end.setdefault(partition, self.backend.end_offset(partition))
         return self._committer.submit(lambda: encoded + self._snapshot_records(snapshot))
 
-    def append_sync(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None) -> AppendReceipt:
-        return self.append(events, snapshot).result()
+    def append_sync(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None,
+                    result: TrainingRecord | None = None) -> AppendReceipt:
+        return self.append(events, snapshot, result).result()
 
-    def acknowledge(self, header: Header, acknowledged_by: str) -> Future:
+    def acknowledge(self, header: Header, acknowledged_by: str,
+                    attempts: Sequence[FenceEntry] | None = None) -> Future:
         """The trainer took a finished rollout: journal that, tombstone its snapshots, and mark its
-        fence acknowledged at ``header.epoch`` (kept, so no zombie snapshot brings it back)."""
+        fence acknowledged at ``header.epoch`` (kept, so no zombie snapshot brings it back).
+        ``attempts``: its fence history, for a writer that never ran it (a trainer acknowledging
+        from its training record); else what this writer knows."""
         rollout_id = header.rollout_id
         event = RolloutAcknowledged(header, acknowledged_by)
         encoded = OutRecord(Stream.EVENTS, rollout_id, self.codec.encode(event), rollout_id)
         with self._fence_lock:
-            marker = FenceHistory(rollout_id, list(self._attempts.get(rollout_id, [])), header.epoch)
+            known = self._attempts.get(rollout_id, []) if attempts is None else attempts
+            marker = FenceHistory(rollout_id, list(known), header.epoch)
         fence = fence_record(self.codec, marker)
         return self._committer.submit(
             lambda: [encoded, *tombstone_records(rollout_id, self._slots.pop(rollout_id, None), keep_fence=True), fence])

@@ -1,8 +1,10 @@
 """The journal on Apache Kafka: one transaction per commit, read_committed reads.
 
 Layout: ``<namespace>.events`` (``cleanup.policy=delete``, long retention: the
-audit trail) and ``<namespace>.snapshots`` (``cleanup.policy=compact``: the
-latest snapshot per rollout survives, a ``None`` value is a tombstone). Both have
+audit trail), ``<namespace>.snapshots`` (``cleanup.policy=compact``: the
+latest snapshot per rollout survives, a ``None`` value is a tombstone) and
+``<namespace>.results`` (``delete``: each finished rollout's training record,
+produced in the transaction of its final turn, for the trainer). All have
 ``settings.partitions`` partitions and every record goes to the explicit
 partition :func:`journal.backend.partition_for` picks from its partition key, so
 restore finds a rollout's events without scanning history. Topics are created
@@ -67,7 +69,7 @@ from .errors import ConfigurationError, JournalClosedError, JournalError, Partit
 from .kafka_access import check_group_access, check_topic_access, wait_until_authenticated
 from .kafka_clients import ClientErrors, admin_config, new_client
 from .kafka_config import KafkaSettings
-from .kafka_readers import Follower, ReaderPool
+from .kafka_readers import Follower, ReaderPool, StreamingFollower
 from .kafka_topics import TopicState, prepare_topics, record_limits, topic_configs
 from .kafka_writer import KafkaWriter, StagedCommit
 
@@ -87,7 +89,9 @@ class KafkaBackend(Backend):
         self.writes_per_partition = partition_writers
         self.events_topic = settings.events_topic
         self.snapshots_topic = settings.snapshots_topic
-        self._topics = {Stream.EVENTS: self.events_topic, Stream.SNAPSHOTS: self.snapshots_topic}
+        self.results_topic = settings.results_topic
+        self._topics = {Stream.EVENTS: self.events_topic, Stream.SNAPSHOTS: self.snapshots_topic,
+                        Stream.RESULTS: self.results_topic}
         self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
         self._topic_max_bytes: int | None = None
         self._closed = False
@@ -139,7 +143,7 @@ class KafkaBackend(Backend):
     # -- topics ---------------------------------------------------------------------------
 
     def topic_configs(self) -> dict[str, dict[str, str]]:
-        """The configs the backend creates its two topics with (see :mod:`journal.kafka_topics`)."""
+        """The configs the backend creates its topics with (see :mod:`journal.kafka_topics`)."""
         return topic_configs(self.settings)
 
     def _prepare_topics(self, create: bool) -> None:
@@ -315,6 +319,24 @@ class KafkaBackend(Backend):
         for partition in wanted:
             self._check_partition(partition)
         return self.readers.read(self.snapshots_topic, wanted, None)
+
+    def read_results(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
+        """Committed results records of one partition from ``from_offset`` to the end seen when reading starts."""
+        self._check_partition(partition)
+        self._check_open()
+        if self.results_topic not in self.topics:
+            raise ConfigurationError(f"topic {self.results_topic} does not exist: namespace {self.settings.namespace} "
+                                     "was written before results were published")
+        return self.readers.read(self.results_topic, [partition], from_offset)
+
+    def follow_results(self, offsets: dict[int, int]) -> StreamingFollower:
+        """The results topic as it is committed, from ``offsets`` (per partition, the next offset to
+        read; a partition missing: its start), through a ``read_committed`` consumer of its own."""
+        self._check_open()
+        if self.results_topic not in self.topics:
+            raise ConfigurationError(f"topic {self.results_topic} does not exist: namespace {self.settings.namespace} "
+                                     "was written before results were published")
+        return StreamingFollower(self.readers, self.results_topic, self.partitions, offsets)
 
     def follow_snapshots(self) -> Follower:
         """The snapshot stream as it is committed: every retained record at the first ``poll()``,

@@ -228,6 +228,11 @@ class KafkaSettings(BaseModel):
         return f"{self.namespace}.snapshots"
 
     @property
+    def results_topic(self) -> str:
+        """Finished rollouts' training records, written in the same transaction as their final turn."""
+        return f"{self.namespace}.results"
+
+    @property
     def producer_transactional_id(self) -> str | None:
         """``<namespace>.<slot>``: Kafka fences by ``transactional.id`` across the whole cluster,
         so a bare slot name (``worker-0``) would let a job in another namespace fence this one.

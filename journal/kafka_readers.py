@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from .backend import StoredRecord
 from .errors import JournalClosedError, JournalError, RecordLocation, UnstableReadError
@@ -345,3 +345,38 @@ def stored_record(topic: str, partition: int, offset: int, key: bytes | None, va
         return StoredRecord(
             key.decode("utf-8", "replace"), value, location, error=f"key of record at {location} is not UTF-8: {exc}"
         )
+
+
+class StreamingFollower:
+    """A ``read_committed`` consumer of its own, assigned to every partition of one topic from
+    given offsets, handing on records as they are committed (the trainer's results feed).
+    Unlike :class:`Follower` it never rereads to a watermark: one long-lived fetch stream."""
+
+    def __init__(self, pool: ReaderPool, topic: str, partitions: int, offsets: dict[int, int],
+                 batch: int = 4096) -> None:
+        cfg = pool.consumer_config()
+        cfg.update({"enable.partition.eof": False, "fetch.wait.max.ms": 50})
+        cfg.update(pool.settings.librdkafka)
+        self._consumer = new_client(Consumer, cfg, "consumer")
+        self._topic = topic
+        self._batch = batch
+        self._consumer.assign([TopicPartition(topic, p, offsets.get(p, OFFSET_BEGINNING)) for p in range(partitions)])
+
+    def poll(self, timeout_s: float) -> list[StoredRecord]:
+        """What was committed since the last poll, in order per partition; waits up to ``timeout_s``."""
+        records: list[StoredRecord] = []
+        first = self._consumer.poll(timeout_s)  # consume() would wait out its timeout for a full batch
+        if first is None:
+            return records
+        for msg in [first, *self._consumer.consume(self._batch, 0)]:
+            err = msg.error()
+            if err is not None:
+                if transient(err):
+                    log.debug("following %s: %s", self._topic, describe(err))
+                    continue
+                raise JournalError(f"reading topic {self._topic} partition {msg.partition()}: {describe(err)}")
+            records.append(stored_record(self._topic, msg.partition(), msg.offset(), msg.key(), msg.value()))
+        return records
+
+    def close(self) -> None:
+        close_client(self._consumer)

@@ -1,4 +1,4 @@
-"""The Kafka backend's two topics: created with the right configs, checked at every open.
+"""The Kafka backend's topics (events, snapshots, results): created with the right configs, checked at every open.
 
 Durability settings are the cluster's unless the settings ask: a topic is
 created with the broker's ``default.replication.factor`` (``replication_factor``
@@ -77,10 +77,15 @@ class TopicState:
 
 
 def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
-    """The configs the two topics are created with (durability settings come from the cluster)."""
+    """The configs the three topics are created with (durability settings come from the cluster).
+    The results topic keeps what the events topic keeps: a trainer may start late."""
     s = settings
     return {
         s.events_topic: {
+            "cleanup.policy": "delete",
+            "retention.ms": str(s.events_retention_ms),
+        },
+        s.results_topic: {
             "cleanup.policy": "delete",
             "retention.ms": str(s.events_retention_ms),
         },
@@ -96,15 +101,27 @@ def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
 
 
 def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool) -> dict[str, TopicState]:
-    """Create the topics if ``create`` (an existing one is fine), then check both; their states."""
+    """Create the topics if ``create`` (an existing one is fine), then check each; their states."""
     timeout_s = settings.operation_timeout_ms / 1000
     wanted = topic_configs(settings)
     if create:
         _create(admin, settings, wanted, timeout_s)
+    elif not _exists(admin, settings.results_topic, timeout_s):
+        # A namespace written before results were published: its readers open it as it is.
+        log.info("topic %s does not exist: this namespace publishes no results", settings.results_topic)
+        del wanted[settings.results_topic]
     brokers, states = _describe(admin, settings, wanted, timeout_s, just_created=create)
     for topic, state in states.items():
         states[topic] = _check(admin, settings, wanted[topic], state, brokers, timeout_s)
     return states
+
+
+def _exists(admin: AdminClient, topic: str, timeout_s: float) -> bool:
+    try:
+        meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
+    except KafkaException:
+        return True  # let the describe below name what is wrong
+    return meta is not None and (meta.error is None or meta.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
 def record_limits(states: dict[str, TopicState], settings: KafkaSettings) -> tuple[int | None, int]:

@@ -99,6 +99,18 @@ def reload_rollout(journal: Journal, rollout_id: str, exclude: Collection[Record
     return history
 
 
+def history_from_first_event(journal: Journal, history: RolloutHistory,
+                             report: ReadReport | None = None) -> RolloutHistory:
+    """``history`` without its snapshot: every event of the rollout from its first, fenced (a
+    snapshot written by an older version lacks what the rollout's next turns need)."""
+    cursor = Cursor()
+    fence = history.fence
+    if fence is not None:
+        cursor = Cursor(0, -1, fence.epoch, resume_seq=fence.seq, history=tuple(fence.starts().items()))
+    events = list(journal.read_rollout(history.rollout_id, cursor, report))
+    return RolloutHistory(history.rollout_id, None, events, fence)
+
+
 def _final(loaded: LoadedSnapshot | None, fence: Fence | None) -> bool:
     """A finished rollout's last snapshot holds its result: no event of it follows, unless
     a newer attempt (a fence of a later epoch) started after it."""

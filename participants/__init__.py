@@ -39,6 +39,11 @@ _EXPORTS: dict[str, str] = {
     "RolloutState": ".rollout_state",
     "StateFoldError": ".rollout_state",
     "restore_state": ".rollout_state",
+    # the trainer's side: complete prompt groups from the results stream, exactly once
+    "TrainerFeed": ".trainer",
+    "PromptGroup": ".trainer",
+    "FeedPosition": ".trainer",
+    "TokenLineage": ".token_lineage",
     # the agent, the model, checkpoints
     "Agent": ".agent",
     "LiveRollout": ".agent",
@@ -98,6 +103,7 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "ENVIRONMENTS",
     "Environment",
     "EnvironmentFactory",
+    "FeedPosition",
     "FleetWorker",
     "Generation",
     "GenerationBackend",
@@ -108,6 +114,7 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "MutationRecord",
     "MutationRequest",
     "OpenAIBackend",
+    "PromptGroup",
     "Recovery",
     "RemoteEnvironment",
     "Resource",
@@ -127,8 +134,10 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "StateImportError",
     "StepContext",
     "Task",
+    "TokenLineage",
     "ToolCall",
     "TopologyChangedError",
+    "TrainerFeed",
     "TorchPolicy",
     "TransientControlError",
     "UnknownEnvironmentError",
@@ -201,8 +210,10 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     )
     from .runner import RestoreTiming, RolloutReport, Runner, RunReport, workload_specs
     from .tiny_model import tiny_model_dir
+    from .token_lineage import TokenLineage
     from .tokenizer import ChatTokenizer, default_tokenizer
     from .torch_policy import TorchPolicy
+    from .trainer import FeedPosition, PromptGroup, TrainerFeed
     from .vllm_backend import VllmBackend, VllmEngine
     from .worker import FleetWorker, WorkerReport, submit_workload
     from .workload import build_backend, open_workload_journal, run_workload

@@ -3,7 +3,8 @@
 A turn = (optionally) a free-form reasoning call, one constrained model call
 choosing a tool call, the tool call on the environment's resources, then
 ``TurnCompleted``; all of it (plus the rollout's snapshot when one is due, and
-``RolloutFinished`` on the last turn) is appended to the journal atomically.
+``RolloutFinished`` and the rollout's ``TrainingRecord`` for the trainer on the
+last turn) is appended to the journal atomically.
 Two things are journaled earlier, on their own: the progress of a long free-form
 call (``ModelCallProgress`` every ``progress_every_tokens``), and, with a backend
 that is not bit-deterministic, each model call before its tool call (see
@@ -48,6 +49,7 @@ from journal.events import (
     RolloutFailed,
     RolloutFinished,
     SamplingParams,
+    TrainingRecord,
     TurnCompleted,
 )
 from journal.group_commit import CommitFuture
@@ -88,8 +90,10 @@ class TurnSink(Protocol):
 
     journals: bool  # turns are made durable: snapshots are worth building
 
-    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> Future:
-        """Start making the turn durable; the future resolves once it is."""
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None,
+               result: TrainingRecord | None = None) -> Future:
+        """Start making the turn durable (with a final turn's training record, in the same commit);
+        the future resolves once it is."""
         ...
 
 
@@ -99,8 +103,9 @@ class JournalSink:
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
 
-    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> Future:
-        return self.journal.append(events, snapshot)
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None,
+               result: TrainingRecord | None = None) -> Future:
+        return self.journal.append(events, snapshot, result)
 
 
 class NullSink:
@@ -108,7 +113,8 @@ class NullSink:
 
     journals = False
 
-    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None) -> Future:
+    def submit(self, events: list[RolloutEvent], snapshot: SnapshotDraft | None,
+               result: TrainingRecord | None = None) -> Future:
         done: Future = Future()
         done.set_result(None)
         return done
@@ -482,10 +488,13 @@ class Agent:
         reward = await self._with_resources(live, env.averify) if last else None
         self._applied(state, TurnCompleted(state.header(self.writer), messages, call_ids,
                                            env.revisions(), reward, [action]), events)
+        result = None
         if last:
             outcome = outcome_of(state, env)
-            self._applied(state, RolloutFinished(state.header(self.writer), reward, state.next_turn,
-                                                 json.dumps(outcome)), events)
+            finished = self._applied(state, RolloutFinished(state.header(self.writer), reward, state.next_turn,
+                                                            json.dumps(outcome)), events)
+            if self.sink.journals and live.spec.forked_from is None:  # a fork is a what-if, not a group's sample
+                result = state.training_record(finished.header, self.config.siblings)
         live.turns_run_here += 1
         live.turns_since_snapshot += 1
         live.bytes_since_snapshot += int(call.prompt.nbytes) + int(call.generation.output_ids.nbytes) * 2
@@ -496,7 +505,7 @@ class Agent:
         if self.sink.journals and (last or periodic):
             snapshot = self.snapshot_draft(live, await self._exports(live))
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
-        live.in_flight.append((self.sink.submit(list(events), snapshot), turn))
+        live.in_flight.append((self.sink.submit(list(events), snapshot, result), turn))
         events.clear()  # handed to the journal: a failure from here on journals nothing of this turn twice
         await self._durable(live, keep=self.config.turns_in_flight - 1)
 

@@ -43,14 +43,17 @@ from journal.events import (
     RolloutEvent,
     RolloutFailed,
     RolloutFinished,
+    TrainingRecord,
     TurnCompleted,
 )
 from journal.restore import RolloutHistory
 
 from .environments.tasks import Task
 from .resources import MutationRecord
+from .token_lineage import LineageMismatch, TokenLineage, TokenSegment
 
-SNAPSHOT_FORMAT = "rollout-journal/rollout-state/2"
+SNAPSHOT_FORMAT = "rollout-journal/rollout-state/3"
+_SNAPSHOT_FORMAT_V2 = "rollout-journal/rollout-state/2"  # before the token lineage was kept
 _SNAPSHOT_FORMAT_V1 = "rollout-journal/rollout-state/1"  # 0.1.0: exports only, no counters
 
 
@@ -251,6 +254,9 @@ class RolloutState(RolloutProgress):
     # Both are empty at every turn boundary, where snapshots are taken.
     turn_calls: list[ModelCall] = field(default_factory=list)
     partial: PartialCall | None = None
+    # Who made each token of the head and the logprob of each sampled one (the training record);
+    # None when restored from a snapshot written before it was kept (a replay from the first event rebuilds it).
+    lineage: TokenLineage | None = field(default_factory=TokenLineage)
 
     def journaled_call(self, call_index: int) -> ModelCall | None:
         """The call at ``call_index`` of the turn under way, if the journal holds it: a redone
@@ -269,6 +275,7 @@ class RolloutState(RolloutProgress):
         if self.starts_over(event):
             self.turn_calls, self.partial = [], None
             self.head_call_id, self.head_tokens = None, np.zeros(0, dtype=np.int32)
+            self.lineage = TokenLineage()
             self.actions, self.outcome = [], None
             self.resource_states, self.mutations_since_export = {}, []
             self.messages = list(event.messages)
@@ -281,6 +288,11 @@ class RolloutState(RolloutProgress):
         self.head_tokens = np.concatenate(
             [self.head_tokens[: event.prefix_len], event.prompt_delta, event.output_ids]).astype(np.int32)
         self.head_call_id = event.call_id
+        if self.lineage is not None:
+            try:
+                self.lineage.follow(self.rollout_id, len(self.head_tokens), event)
+            except LineageMismatch as exc:
+                raise StateFoldError(str(exc)) from None
         if event.header.turn == self.next_turn:
             self.turn_calls.append(event)
             if self.partial is not None and self.partial.matches(event.header.turn, len(self.turn_calls) - 1,
@@ -322,6 +334,16 @@ class RolloutState(RolloutProgress):
         super()._on_finished(event)
         self.outcome = json.loads(event.result_json)
 
+    def training_record(self, header: Header, group_size: int) -> TrainingRecord:
+        """What a trainer takes of this rollout as it stands (``header``: its ``RolloutFinished``'s).
+        Raises :class:`StateFoldError` when the lineage is unknown (restored from an older snapshot)."""
+        if self.lineage is None:
+            raise StateFoldError(f"rollout {self.rollout_id}: its token lineage is unknown (restored from a snapshot "
+                                 "written before lineage was kept); replay it from its first event")
+        return TrainingRecord(header, group_size, self.reward, self.finished, self.head_tokens.astype(np.int32),
+                              self.lineage.logprobs.astype(np.float32), self.lineage.loss_mask(),
+                              list(self.lineage.segments))
+
     def record_exports(self, exports: dict[str, bytes]) -> None:
         """A snapshot exported these resources: their earlier mutations are inside the
         exports now, so restore imports the exports and re-applies only what follows."""
@@ -345,6 +367,12 @@ class RolloutState(RolloutProgress):
             "resources": {k: base64.b64encode(v).decode() for k, v in self.resource_states.items()},
             "mutations": [m.to_dict() for m in self.mutations_since_export],
         }
+        if self.lineage is not None:
+            doc["lineage"] = [[g.start, g.end, g.generated, g.attempt, g.turn, g.call_id, g.policy_version]
+                              for g in self.lineage.segments]
+            doc["logprobs"] = base64.b64encode(self.lineage.logprobs.astype("<f4").tobytes()).decode()
+        else:
+            doc["format"] = _SNAPSHOT_FORMAT_V2  # what it knows is what an older version wrote
         return zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
 
     @classmethod
@@ -353,7 +381,7 @@ class RolloutState(RolloutProgress):
             doc = json.loads(zlib.decompress(data))
         except (zlib.error, ValueError) as exc:
             raise StateFoldError(f"snapshot at {where} is not a rollout state: {exc}") from exc
-        if doc.get("format") not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_V1):
+        if doc.get("format") not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_V2, _SNAPSHOT_FORMAT_V1):
             raise StateFoldError(f"snapshot at {where} has format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT!r}")
         try:
             return cls._from_doc(doc)
@@ -364,6 +392,10 @@ class RolloutState(RolloutProgress):
     def _from_doc(cls, doc: dict[str, Any]) -> RolloutState:
         ids = doc["spec"] if doc["format"] == _SNAPSHOT_FORMAT_V1 else doc
         messages = [Message(r, c) for r, c in doc["messages"]]
+        lineage = None
+        if "lineage" in doc:
+            lineage = TokenLineage([TokenSegment(*g) for g in doc["lineage"]],
+                                   np.frombuffer(base64.b64decode(doc["logprobs"]), dtype="<f4").copy())
         return cls(
             rollout_id=ids["rollout_id"], group_id=ids["group_id"], attempt=doc["attempt"], epoch=doc["epoch"],
             next_turn=doc["next_turn"], next_seq=doc["next_seq"], finished=doc["finished"], reward=doc["reward"],
@@ -377,6 +409,7 @@ class RolloutState(RolloutProgress):
             actions=list(doc["actions"]), output_tokens=doc["output_tokens"], outcome=doc["outcome"],
             resource_states={k: base64.b64decode(v) for k, v in doc["resources"].items()},
             mutations_since_export=[MutationRecord.from_dict(m) for m in doc.get("mutations", [])],
+            lineage=lineage,
         )
 
 

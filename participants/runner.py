@@ -26,7 +26,7 @@ from journal.errors import (
 )
 from journal.events import Header, RolloutAcknowledged, WorkloadRegistered
 from journal.journal import Journal
-from journal.restore import RestorePlan, RolloutHistory, load_rollouts, reload_rollout
+from journal.restore import RestorePlan, RolloutHistory, history_from_first_event, load_rollouts, reload_rollout
 
 from .agent import Agent, JournalSink, LiveRollout, NullSink, durable
 from .checkpoint import CoordinatedCheckpointer
@@ -241,7 +241,12 @@ class Runner:
             if history is None:
                 continue
             try:
-                restored[spec.rollout_id] = history, restore_state(history, spec.group_id)
+                state = restore_state(history, spec.group_id)
+                if state.lineage is None and not state.finished and self.journal is not None:
+                    # An older version's snapshot: its training record needs every call's tokens.
+                    history = histories[spec.rollout_id] = history_from_first_event(self.journal, history)
+                    state = restore_state(history, spec.group_id)
+                restored[spec.rollout_id] = history, state
             except StateFoldError as exc:  # this rollout's journal is damaged: it alone waits
                 self._set_aside(report, spec, exc)
         if histories:  # a fresh run folds nothing

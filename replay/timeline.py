@@ -39,7 +39,7 @@ from journal.journal import JournaledEvent, ReadReport
 from participants.rollout_state import RolloutState, StateFoldError
 
 from .errors import NoSuchTurnError
-from .lineage import TokenLineage, TokenSegment
+from .lineage import TokenSegment
 from .progress import Progress
 from .source import ReplaySource
 from .tokenizers import TokenizerCatalog, TokenizerIdentity
@@ -424,7 +424,6 @@ class _Builder:
         self.t = timeline
         self.catalog = catalog
         self.state: RolloutState | None = None
-        self.lineage = TokenLineage()
         self.calls: list[CallView] = []  # of the turn in progress
         self.mutations: list[MutationView] = []
         self.signed = False  # a HeadCheckpoint came with the turn in progress
@@ -440,8 +439,7 @@ class _Builder:
         state = self.state
         starts_over = isinstance(event, AttemptStarted) and state.starts_over(event)
         try:
-            state.apply(event)
-            self.lineage.follow(state, event)
+            state.apply(event)  # its lineage labels the head's tokens too
         except StateFoldError as exc:
             raise StateFoldError(f"{exc} at {where}") from None
         if isinstance(event, AttemptStarted):
@@ -504,7 +502,7 @@ class _Builder:
             event.call_id, event.parent_call_id, h.attempt, h.epoch, h.turn, h.seq, event.policy_version,
             {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed},
             event.prefix_len, event.prompt_delta, event.output_ids, event.logprobs, event.finish_reason,
-            event.latency_ms, list(self.lineage.segments), where, identity, decoded_delta, decoded_output))
+            event.latency_ms, list(self.state.lineage.segments), where, identity, decoded_delta, decoded_output))
 
     def _turn(self, event: TurnCompleted, where: str) -> None:
         h = event.header

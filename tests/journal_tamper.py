@@ -15,7 +15,7 @@ from pathlib import Path
 from journal.codec import Codec
 from journal.errors import RecordLocation
 from journal.events import ChainHead, HeadCheckpoint, ResourceMutation
-from journal.file_backend import COMMIT, EVENT, CommitMark, _frames, _mark_of, encode_frame
+from journal.file_backend import COMMIT, EVENT, RESULT, CommitMark, _frames, _mark_of, encode_frame
 from participants.resources import genesis_hash, link_hash
 from participants.rollout_state import mutation_record
 
@@ -24,6 +24,7 @@ from participants.rollout_state import mutation_record
 class _Batch:
     records: list[list]  # [key, event] pairs, decoded
     mark: CommitMark
+    results: list[tuple[str, bytes]]  # the results stream's frames of the commit, written back as they were
 
 
 class TamperedLog:
@@ -34,17 +35,20 @@ class TamperedLog:
         self.codec = Codec()
         self.batches: list[_Batch] = []
         pending: list[list] = []
+        results: list[tuple[str, bytes]] = []
         for segment in sorted((self.root / "log").glob("*.seg")):
             base = int(segment.stem)
             for frame in _frames(segment.read_bytes(), base):
                 assert frame.error is None, f"the journal to tamper with is damaged already: {frame.error}"
                 mark = _mark_of(frame)
-                if mark is None:
+                if mark is not None:
+                    self.batches.append(_Batch(pending, mark, results))
+                    pending, results = [], []
+                elif frame.type == RESULT:
+                    results.append((frame.key, frame.value))
+                else:
                     assert frame.type == EVENT
                     pending.append([frame.key, self.codec.decode(frame.value, RecordLocation(str(segment), 0, 0))])
-                else:
-                    self.batches.append(_Batch(pending, mark))
-                    pending = []
 
     # -- looking -------------------------------------------------------------------
     def events(self) -> list:
@@ -133,6 +137,8 @@ class TamperedLog:
             for key, event in batch.records:
                 where[id(event)] = str(RecordLocation(str(path), 0, len(out)))
                 out += encode_frame(EVENT, key, self.codec.encode(event))
+            for key, value in batch.results:
+                out += encode_frame(RESULT, key, value)
             mark = CommitMark(batch.mark.snap_generation, batch.mark.snap_length, start, zlib.crc32(out[start:]))
             out += encode_frame(COMMIT, "", mark.encode())
         path.write_bytes(bytes(out))

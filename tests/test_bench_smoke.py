@@ -111,7 +111,7 @@ def test_services_reports_the_http_ratio_and_the_pauses() -> None:
     """Resource servers as processes, tiny sizes: the figures the docs quote are there."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "bench" / "services.py"), "--json", "--rounds", "1", "--groups", "2",
-         "--siblings", "1", "--turns", "3"],
+         "--siblings", "1", "--turns", "3", "--only", "throughput,pause"],
         capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
@@ -150,3 +150,21 @@ def test_prefix_recovery_counts_what_the_resume_generated() -> None:
     assert report["continued_equals_uninterrupted"] is True
     assert isinstance(report["progress_overhead"], float) and report["progress_marks_per_run"] > 0
     assert report["tokens_per_s_progress_on"] > 0 and report["tokens_per_s_progress_off"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_services_reports_the_results_read_ratio(kafka_bootstrap: str) -> None:
+    """The trainer's feed and a raw consumer read the same results topic in one run."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "services.py"), "--json", "--rounds", "1", "--only", "results",
+         "--results-records", "40", "--results-tokens", "64"],
+        capture_output=True, text=True, timeout=300,
+        env=os.environ | {"PYTHONPATH": str(ROOT), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["results_records"] == 40
+    for key in ("results_read_ratio", "results_read_ratio_no_tensors", "results_records_per_s_raw",
+                "results_records_per_s_feed"):
+        assert report[key] > 0, key

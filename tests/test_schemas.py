@@ -34,6 +34,8 @@ from journal.events import (
     RolloutFailed,
     RolloutFinished,
     Snapshot,
+    TokenSegment,
+    TrainingRecord,
     TurnCompleted,
     WorkloadRegistered,
 )
@@ -65,8 +67,15 @@ SAMPLES = {
     "HeadCheckpoint": HeadCheckpoint(header("r", 8), 1, [ChainHead("r/mail", 5, "c" * 64), ChainHead("r/crm", 0, "a" * 64)],
                                      "ed25519", "k" * 64, bytes(range(64))),
     "EventChunk": EventChunk(header("r", 8), "ModelCall", "a" * 64, 1, 3, 1_500_000, b"piece"),
+    "TrainingRecord": TrainingRecord(header("r", 5), 3, 0.75, True, np.arange(6, dtype="<i4"),
+                                     np.array([0, 0, 0, -0.5, -1.25, 0], dtype="<f4"),
+                                     np.array([0, 0, 0, 1, 1, 0], dtype=bool),
+                                     [TokenSegment(0, 3, False, 1, 0, "r/a1/t0/c0", "policy-a"),
+                                      TokenSegment(3, 5, True, 2, 0, "r/a1/t0/c0", "policy-b"),
+                                      TokenSegment(5, 6, False, 2, 1, "r/a2/t1/c0", "policy-b")],
+                                     [FenceEntry(1, 1, 0, "w0", 5), FenceEntry(2, 2, 6, "w1", 9)]),
 }
-NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered", "FenceHistory")
+NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered", "FenceHistory", "TrainingRecord")
 NO_HEADER = ("BlobChunk", "WorkloadRegistered", "FenceHistory")
 
 CASES = [(name, v) for name, versions in schemas.released_versions().items() for v in versions]
@@ -132,6 +141,7 @@ STANDARD_FINGERPRINTS = {
     ("RolloutFailed", 1): "5f3310f64cd3a4c3",
     ("WorkloadRegistered", 2): "fc16837d18ccf77e",
     ("FenceHistory", 1): "c9a8031f22bc6636",
+    ("TrainingRecord", 1): "fe72a4881ad012fb",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
 
