@@ -80,6 +80,7 @@ log = logging.getLogger(__name__)
 INIT_TRANSACTIONS_TIMEOUT_S = 60.0  # the first init on a cluster creates __transaction_state
 _BACKOFF_FIRST_S = 0.05
 _BACKOFF_MAX_S = 2.0
+_ROOT_CAUSE_WAIT_S = 2.0  # bound on waiting for the error that made a producer fatal
 _ACCESS_CHECK_S = 5.0  # bound on asking, after a failed write, whether writing is still granted
 
 
@@ -453,11 +454,15 @@ class KafkaWriter:
         it fatal (a fencing, say) reaches ``error_cb``: serve the callbacks, then report that one."""
         if err.code() != KafkaError._FATAL:
             return err
-        if self._fatal_error is None:
+        # The error event is queued by librdkafka's own thread and may lag the call that already
+        # answered _FATAL (a zombie's produce, seen in the fleet tests): wait for it, bounded.
+        deadline = time.monotonic() + _ROOT_CAUSE_WAIT_S
+        while self._fatal_error is None and time.monotonic() < deadline:
             try:
-                producer.poll(0)
+                producer.poll(0.05)
             except (KafkaException, RuntimeError) as exc:
                 log.debug("serving callbacks of a fatal producer: %s", exc)
+                break
         return self._fatal_error or err
 
     def _raise_classified(self, producer: Producer, exc: KafkaException, what: str, in_txn: bool) -> None:
