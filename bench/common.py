@@ -51,16 +51,18 @@ def bootstrap_median_interval(values: list[float], confidence: float = 0.9, resa
 
 
 def turn_events(rollout: str, turn: int, seq: int, rng: np.random.Generator, *, prompt_delta: int = 1024,
-                output: int = 256, attempt: int = 1) -> list:
+                output: int = 256, attempt: int = 1, prefix_len: int | None = None) -> list:
     """One realistic turn: a model call (~1k prompt-delta tokens, 256 output tokens and
     their logprobs), one resource mutation, and the turn's commit record, by ``attempt``
-    (whose epoch is the same number)."""
+    (whose epoch is the same number). ``prefix_len``: the tokens of the head the call builds on
+    (default: a long conversation, ``2048 * turn``; give the head's length for events a
+    ``RolloutState`` must fold)."""
     def header(s: int) -> Header:
         return Header(rollout, rollout.rsplit("-", 1)[0], attempt, attempt, turn, s, Header.now_ms(), "bench")
 
     call = ModelCall(
         header(seq), f"{rollout}/t{turn}/c0", f"{rollout}/t{turn - 1}/c0" if turn else None, "policy-v1",
-        SamplingParams(1.0, 1.0, output, seq), 2048 * turn,
+        SamplingParams(1.0, 1.0, output, seq), 2048 * turn if prefix_len is None else prefix_len,
         rng.integers(0, 32000, prompt_delta, dtype=np.int32), rng.integers(0, 32000, output, dtype=np.int32),
         -rng.random(output, dtype=np.float32) * 5, "stop", 12.5,
     )

@@ -160,28 +160,30 @@ def synthesize(root: Path, active: int, turns: int, snapshot_every: int, finishe
     """A file journal: ``finished_before`` acknowledged rollouts of past history, then
     ``active`` rollouts each ``turns`` turns in, snapshotted every ``snapshot_every`` turns.
     Rollouts of a cohort advance turn by turn together, as a running workload's do. Each
-    snapshot holds a real rollout state (about 4 KB compressed) that the events after it
-    fold onto, so restore can be timed through the fold."""
+    snapshot holds the rollout state that folding its events gave (``RolloutState.apply``, as
+    the live path does), so restore folds the events after it onto a real state."""
     rng = np.random.default_rng(0)
-    head = rng.integers(0, 32000, 1024, dtype=np.int32)  # the conversation's tokens: the bulk of a state
-
-    def state_bytes(rid: str, next_turn: int, next_seq: int) -> bytes:
-        return RolloutState(rid, rid.rsplit("-", 1)[0], attempt=1, epoch=1, next_turn=next_turn, next_seq=next_seq,
-                            model_calls=next_turn, output_tokens=64 * next_turn, head_tokens=head).to_bytes()
 
     def cohort(journal: Journal, ids: list[str], acknowledge: bool) -> None:
         futures = []
+        states: dict[str, RolloutState] = {}
         for rid in ids:
             h = Header(rid, rid.rsplit("-", 1)[0], 1, 1, 0, 0, 0, "bench")
-            futures.append(journal.append([AttemptStarted(h, 0, "topo", "new")],
-                                          SnapshotDraft(h, "running", 0, state_bytes(rid, 0, 1))))
+            start = AttemptStarted(h, 0, "topo", "new")
+            state = states[rid] = RolloutState(rid, rid.rsplit("-", 1)[0])
+            state.apply(start)
+            futures.append(journal.append([start], SnapshotDraft(h, "running", 0, state.to_bytes())))
         for turn in range(turns):
             for rid in ids:
-                events = turn_events(rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64)
+                state = states[rid]
+                events = turn_events(rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64,
+                                     prefix_len=len(state.head_tokens))
+                for event in events:
+                    state.apply(event)
                 snap = None
                 if (turn + 1) % snapshot_every == 0:
                     covers = events[-1].header.seq
-                    snap = SnapshotDraft(events[-1].header, "running", covers, state_bytes(rid, turn + 1, covers + 1))
+                    snap = SnapshotDraft(events[-1].header, "running", covers, state.to_bytes())
                 futures.append(journal.append(events, snap))
             if len(futures) > 20000:
                 for f in futures:
