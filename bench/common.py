@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import statistics
 import tempfile
@@ -73,3 +74,12 @@ def turn_events(rollout: str, turn: int, seq: int, rng: np.random.Generator, *, 
                                            Message("tool", "sent message 7 to alice")],
                          [call.call_id], {f"{rollout}/mail": turn + 1}, None, ["mail.send(to=alice)"])
     return [call, mutation, done]
+
+
+def print_report(report: dict, as_json: bool) -> None:
+    """A benchmark's figures: JSON, or one ``key: value`` line each."""
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        for key, value in report.items():
+            print(f"{key}: {value}")

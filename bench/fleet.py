@@ -28,7 +28,6 @@ Starts a local 3-broker cluster (replication 3, ``min.insync.replicas=2``; or us
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -38,6 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.common import print_report  # noqa: E402
 from journal.backend import partition_for  # noqa: E402
 from journal.events import TurnCompleted  # noqa: E402
 from journal.kafka_config import KafkaSettings  # noqa: E402
@@ -222,11 +222,7 @@ def main() -> int:
         finally:
             if cluster is not None:
                 cluster.stop()
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for key, value in report.items():
-            print(f"{key}: {value}")
+    print_report(report, args.json)
     return 0
 
 

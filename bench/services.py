@@ -31,7 +31,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import json
 import os
 import signal
 import subprocess
@@ -44,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import bootstrap_median_interval, median, percentile  # noqa: E402
+from bench.common import bootstrap_median_interval, median, percentile, print_report  # noqa: E402
 from participants.config import WorkloadConfig  # noqa: E402
 from participants.resource_protocol import TOKEN_ENV_VAR  # noqa: E402
 from participants.runner import Runner  # noqa: E402
@@ -302,11 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in only:
             log(f"{name} ...")
             report.update(SECTIONS[name](args, Path(tmp)))
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        for key, value in report.items():
-            print(f"{key}: {value}")
+    print_report(report, args.json)
     return 0
 
 

@@ -153,3 +153,16 @@ def kafka_cluster3(tmp_path: Path) -> Iterator[LocalKafkaCluster]:
 def kafka_namespace() -> str:
     """A topic prefix unique to this test, so tests share a broker but never a topic."""
     return f"t{uuid.uuid4().hex[:8]}"
+
+
+BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]
+"""The journal backends a test runs on: the file journal, and Kafka (on the session's broker)."""
+
+
+@pytest.fixture(params=BACKENDS)
+def journal_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh journal on each backend: a directory, or a namespace of 4 partitions."""
+    if request.param == "file":
+        return str(tmp_path / "journal")
+    bootstrap = request.getfixturevalue("kafka_bootstrap")
+    return f"kafka://{bootstrap}/{request.getfixturevalue('kafka_namespace')}?partitions=4"

@@ -23,15 +23,6 @@ from tests.journal_tamper import TamperedLog
 from tests.recovery_support import run_child_and_kill
 from tests.test_audit import crashed_and_resumed
 
-BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]
-
-
-@pytest.fixture(params=BACKENDS)
-def journal_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "file":
-        return str(tmp_path / "journal")
-    return f"kafka://{request.getfixturevalue('kafka_bootstrap')}/{request.getfixturevalue('kafka_namespace')}?partitions=3"
-
 
 def test_a_crashed_and_resumed_run_audits_clean_anchored_and_verifies(journal_location: str, tmp_path: Path,
                                                                       capsys: pytest.CaptureFixture) -> None:

@@ -26,17 +26,6 @@ from tests.recovery_support import (
     run_child_and_kill,
 )
 
-BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]
-
-
-@pytest.fixture(params=BACKENDS)
-def journal_location(request, tmp_path: Path) -> str:
-    if request.param == "file":
-        return str(tmp_path / "journal")
-    bootstrap = request.getfixturevalue("kafka_bootstrap")
-    namespace = request.getfixturevalue("kafka_namespace")
-    return f"kafka://{bootstrap}/{namespace}?partitions=4"
-
 
 def workload(location: str, **overrides) -> WorkloadConfig:
     base = dict(name="wl", groups=1, siblings=3, max_turns=5, environment="workplace", seed=3,

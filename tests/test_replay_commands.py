@@ -36,9 +36,9 @@ from replay.exit_codes import EXIT_INPUT, EXIT_JOURNAL_DAMAGED
 from replay.fork import fork_rollout
 from replay.resource_state import resource_state
 from replay.source import open_replay
+from tests.kafka_fixtures import BACKENDS
 from tests.recovery_support import run_child_and_kill
 
-BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]
 STOP = {"g0-s0": 5, "g0-s1": 2, "g1-s0": 3, "g1-s1": 1, "g2-s0": 2, "g2-s1": 0}  # turns committed at the crash
 
 

@@ -195,14 +195,6 @@ def _backend(config: WorkloadConfig):
 
 # -- SIGKILLed servers ------------------------------------------------------------------------------
 
-@pytest.fixture(params=["file", pytest.param("kafka", marks=pytest.mark.kafka)])
-def journal_location(request, tmp_path: Path) -> str:
-    if request.param == "file":
-        return str(tmp_path / "journal")
-    bootstrap = request.getfixturevalue("kafka_bootstrap")
-    namespace = request.getfixturevalue("kafka_namespace")
-    return f"kafka://{bootstrap}/{namespace}?partitions=4"
-
 
 def mixed(tmp_path: Path, environment: str, journal: str | None = None, **overrides) -> WorkloadConfig:
     base = dict(name="svc", groups=2, siblings=2, max_turns=8, environment=environment, seed=9,

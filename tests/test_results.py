@@ -30,17 +30,8 @@ from replay.training import training_records
 from tests.recovery_support import run_child_and_kill
 from tests.trainer_child import digest
 
-BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]
 ROOT = Path(__file__).resolve().parent.parent
 
-
-@pytest.fixture(params=BACKENDS)
-def journal_location(request, tmp_path: Path) -> str:
-    if request.param == "file":
-        return str(tmp_path / "journal")
-    bootstrap = request.getfixturevalue("kafka_bootstrap")
-    namespace = request.getfixturevalue("kafka_namespace")
-    return f"kafka://{bootstrap}/{namespace}?partitions=3"
 
 
 def workload(location: str, **overrides) -> WorkloadConfig:
