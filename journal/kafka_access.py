@@ -2,7 +2,8 @@
 a backend makes when it opens, and the one-line errors that name a refused resource.
 
 A namespace ``NS`` owns every Kafka resource whose name starts with ``NS.``: the topics
-``NS.events`` and ``NS.snapshots`` (a fleet's workload registrations live there too), the
+``NS.events``, ``NS.snapshots`` (a fleet's workload registrations live there too) and
+``NS.results`` (the trainer's training records), the
 transactional ids ``NS.<slot>`` (``run``, ``resume``) and ``NS.p<N>`` (a fleet worker's
 writer of partition N), the fleet's consumer group ``NS.workers`` and the readers' groups
 ``NS.reader-<random>``. So prefixed ACLs on ``NS.``

@@ -386,7 +386,7 @@ def test_every_acl_of_the_worker_set_is_needed(secure: SecureCluster, dropped: s
                                            "TRANSACTIONAL_ID": "transactional id"}[kind]
     assert refused.value.resource.startswith(f"{ns}.")
     assert secure.journal_state(ns) == ({} if operation == "CREATE" else {
-        f"{ns}.{t}[{p}]": (0, 0) for t in ("events", "snapshots") for p in range(2)})
+        f"{ns}.{t}[{p}]": (0, 0) for t in ("events", "snapshots", "results") for p in range(2)})
 
 
 def test_a_write_refused_mid_run_names_the_topic_and_nothing_of_the_batch_is_visible(secure: SecureCluster) -> None:
@@ -454,7 +454,7 @@ def test_no_secret_in_logs_output_reprs_or_the_journal(secure: SecureCluster, wo
     consumer = Consumer({"bootstrap.servers": secure.bootstrap, "group.id": "admin-probe", "logger": PROBE_LOG,
                          "enable.partition.eof": True, **secure.admin_security})
     try:
-        raw = b"".join(_raw_records(consumer, [f"{ns}.events", f"{ns}.snapshots"]))
+        raw = b"".join(_raw_records(consumer, [f"{ns}.events", f"{ns}.snapshots", f"{ns}.results"]))
     finally:
         consumer.close()
     assert b"sec-g0-s0" in raw  # the workload's records are there to search
