@@ -64,7 +64,7 @@ class Writer:
 
     def turn(self, attempt: int, turn: int, *, snapshot: bool = False) -> AppendReceipt:
         events = turn_events(self.rollout_id, turn, self.seq, self.rng, prompt_delta=4, output=OUTPUT[turn],
-                             attempt=attempt)
+                             attempt=attempt, prefix_len=len(self.state.head_tokens))  # folds onto the head
         return self.commit(events, snapshot=snapshot)
 
 
