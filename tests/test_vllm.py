@@ -153,6 +153,23 @@ def test_a_sigkilled_workload_resumes_identical_with_no_committed_turn_lost(mode
     assert_no_mutation_applied_twice(config)
 
 
+def _paced_child(config_json: str, progress_path: str, pause_s: float) -> None:
+    """A workload whose model streams no faster than a chunk per ``pause_s``: a slow server.
+    The tokens are the engine's own; only their pace changes, so a poll of the journal always
+    sees the long call under way however fast the machine generates."""
+    from participants.model import ModelParticipant
+
+    stream = ModelParticipant._stream
+
+    async def paced(self, request, ticket):
+        async for chunk in stream(self, request, ticket):
+            await asyncio.sleep(pause_s)
+            yield chunk
+
+    ModelParticipant._stream = paced
+    _child(config_json, False, progress_path, {})
+
+
 def _partial_tokens(config: WorkloadConfig) -> int:
     """Tokens of the call under way that the journal holds as progress (0 if none)."""
     if not (Path(config.journal) / "log").exists():
@@ -177,12 +194,12 @@ def test_a_long_generation_killed_midway_continues_from_its_journaled_prefix(bac
                     temperature=0.0, reasoning_tokens=400)
     config = workload(str(tmp_path / "journal"), model, siblings=1, max_turns=2, progress_every_tokens=16)
     reference = reference_outcomes(config)
-    child = _CTX.Process(target=_child, args=(config.model_dump_json(), False, str(tmp_path / "p.txt"), {}))
+    # Paced at 20 ms a chunk the call takes 8 s or more: on a quiet machine the engine alone
+    # streams 400 tokens faster than one poll of the journal (CI saw the workload end first).
+    child = _CTX.Process(target=_paced_child, args=(config.model_dump_json(), str(tmp_path / "p.txt"), 0.02))
     child.start()
     try:
         deadline = time.monotonic() + 600
-        # Two progress marks are enough to show the prefix kept: on a loaded machine a server's
-        # call can end before a slow poll sees more.
         while child.is_alive() and _partial_tokens(config) < 32 and time.monotonic() < deadline:
             time.sleep(0.02)
         assert child.is_alive(), "the workload ended before two progress marks of its long call were read"
