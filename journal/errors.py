@@ -31,7 +31,21 @@ class RolloutJournalError(Exception):
 
     Each names the thing at fault; the command line turns one into a single line
     and an exit code, never a traceback.
+
+    Errors pickle whole (class, message and fields), whatever their ``__init__`` takes:
+    a scan's worker processes hand theirs to the process that reports them.
     """
+
+    def __reduce__(self) -> tuple:
+        return _rebuilt, (type(self), self.args, self.__dict__)
+
+
+def _rebuilt(cls: type[RolloutJournalError], args: tuple, fields: dict) -> RolloutJournalError:
+    """An unpickled error: its class and fields, without calling an ``__init__`` of other arguments."""
+    error = cls.__new__(cls)
+    error.args = args
+    error.__dict__.update(fields)
+    return error
 
 
 class JournalError(RolloutJournalError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import cast
@@ -322,7 +322,7 @@ class Journal:
             report.fenced.append(dropped)
         return False
 
-    def _note_damage(self, report: ReadReport | None) -> None:
+    def note_damage(self, report: ReadReport | None) -> None:
         """Damage no record read shows (a lost snapshot file) goes into a report, once."""
         if report is None:
             return
@@ -335,7 +335,7 @@ class Journal:
     def read_rollouts(self, cursors: Mapping[str, Cursor], report: ReadReport | None = None) -> Iterator[JournaledEvent]:
         """Events of the given rollouts after their cursors, in log order per
         partition, fenced. One pass per partition from its lowest cursor."""
-        self._note_damage(report)
+        self.note_damage(report)
         by_partition: dict[int, dict[str, Cursor]] = {}
         for rollout_id, cursor in cursors.items():
             by_partition.setdefault(self.partition_of(rollout_id), {})[rollout_id] = cursor
@@ -377,16 +377,18 @@ class Journal:
         return self.read_rollouts({rollout_id: cursor}, report)
 
     def scan(self, report: ReadReport | None = None, fields: Mapping[type, tuple[str, ...]] | None = None,
-             ) -> Iterator[JournaledEvent]:
-        """Every committed event of the journal, fenced, partition by partition.
-        Memory stays bounded by the number of rollouts (one epoch each).
+             partitions: Iterable[int] | None = None) -> Iterator[JournaledEvent]:
+        """Every committed event of the journal (of ``partitions`` only, if given), fenced,
+        partition by partition. Memory stays bounded by the number of rollouts (one epoch each).
 
         ``fields`` (record class -> field names) reads those record types projected: only the named
         fields are decoded, the others are ``None`` (see :mod:`journal.projection`); for a reader
-        that folds bookkeeping only, never for one that restores, audits or exports."""
+        that folds bookkeeping only, never for one that restores, audits or exports. Damage beyond
+        any one record (:meth:`note_damage`) goes into ``report`` on a whole-journal scan only."""
         projection = None if fields is None else self.projection(fields)
-        self._note_damage(report)
-        for partition in range(self.backend.partitions):
+        if partitions is None:
+            self.note_damage(report)
+        for partition in range(self.backend.partitions) if partitions is None else partitions:
             fence = EpochFence()
             chunks = ChunkJoiner(self.max_event_bytes)
             for stored in self.backend.read_events(partition, 0):

@@ -7,13 +7,15 @@ N+1 would see. Memory: one bounded row per rollout, whatever the history.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 
-from journal.journal import ReadReport
+from journal.journal import JournaledEvent, ReadReport
 from participants.rollout_state import RolloutProgress, StateFoldError
 from participants.specs import forks_in
 
+from .partition_scan import PartitionScan, jobs_for
 from .progress import Progress
 from .source import ReplaySource
 from .table import table
@@ -106,18 +108,47 @@ class Listing:
 
 
 def list_rollouts(source: ReplaySource, where: RolloutFilter = RolloutFilter(),
-                  progress: Progress | None = None, *, projected: bool = True) -> Listing:
+                  progress: Progress | None = None, *, projected: bool = True, jobs: int | None = None) -> Listing:
     """Scan the whole journal (leniently: unreadable records go to ``Listing.report``) and
     return a row per rollout that passes ``where``, in order of first appearance.
 
     The scan decodes only what ``RolloutProgress`` reads of the frequent events
-    (``RolloutProgress.READS``); ``projected=False`` decodes every field (the same rows, slower)."""
+    (``RolloutProgress.READS``); ``projected=False`` decodes every field (the same rows, slower).
+    ``jobs`` worker processes scan the partitions (``replay.partition_scan``; None: as many as
+    the journal's size repays); the rows are the same either way."""
     listing = Listing(source.location)
-    rows: dict[str, RolloutRow] = {}
-    for item in source.scan(listing.report, progress, RolloutProgress.READS if projected else None):
+    ends = source.end_offsets()
+    jobs = jobs_for(source, jobs, ends)
+    rows = None
+    if jobs > 1:
+        scan = PartitionScan(source, partial(_list_partition, projected=projected), jobs, ends)
+        source.journal.note_damage(listing.report)  # first, as a serial scan notes it
+        rows = _merged(scan.run(progress), listing)
+    if rows is None:  # one process (or a journal whose rollouts straddle partitions: read it as one)
+        listing = Listing(source.location)
+        rows = {}
+        listing.events = _fold(source.scan(listing.report, progress, _fields(projected)), rows)
+    forks = forks_in(source.registrations())
+    for row in rows.values():
+        fork = forks.get(row.rollout_id)
+        row.forked_from = fork.forked_from if fork is not None else None
+    listing.scanned = len(rows)
+    listing.rows = [row for row in rows.values() if where.admits(row)]
+    return listing
+
+
+def _fields(projected: bool) -> dict[type, tuple[str, ...]] | None:
+    return RolloutProgress.READS if projected else None
+
+
+def _fold(items: Iterable[JournaledEvent], rows: dict[str, RolloutRow]) -> int:
+    """Apply each event to its rollout's row (a row per rollout, in order of first appearance);
+    returns how many events there were."""
+    events = 0
+    for item in items:
         event = item.event
         h = event.header
-        listing.events += 1
+        events += 1
         row = rows.get(h.rollout_id)
         if row is None:
             row = rows[h.rollout_id] = RolloutRow(RolloutProgress(h.rollout_id, h.group_id))
@@ -127,10 +158,30 @@ def list_rollouts(source: ReplaySource, where: RolloutFilter = RolloutFilter(),
             row.progress.apply(event)
         except StateFoldError as exc:
             row.damaged = f"{exc} at {item.location}"
-    forks = forks_in(source.registrations())
-    for row in rows.values():
-        fork = forks.get(row.rollout_id)
-        row.forked_from = fork.forked_from if fork is not None else None
-    listing.scanned = len(rows)
-    listing.rows = [row for row in rows.values() if where.admits(row)]
-    return listing
+    return events
+
+
+def _list_partition(source: ReplaySource, partition: int, report: ReadReport, progress: Progress, *,
+                    projected: bool) -> tuple[list[RolloutRow], int]:
+    """One partition's rows and events (a worker's task)."""
+    rows: dict[str, RolloutRow] = {}
+    events = _fold(source.scan(report, progress, _fields(projected), [partition]), rows)
+    return list(rows.values()), events
+
+
+def _merged(results: list[tuple[int, tuple[list[RolloutRow], int], ReadReport]],
+            listing: Listing) -> dict[str, RolloutRow] | None:
+    """The partitions' rows in partition order, their events and reports added to ``listing``;
+    None if a rollout has events in two partitions (a damaged or foreign journal), which only
+    a serial scan folds as one row."""
+    rows: dict[str, RolloutRow] = {}
+    for _, (found, events), report in results:
+        for row in found:
+            if row.rollout_id in rows:
+                return None
+            rows[row.rollout_id] = row
+        listing.events += events
+        listing.report.errors += report.errors
+        listing.report.fenced += report.fenced
+        listing.report.records_read += report.records_read
+    return rows

@@ -42,12 +42,18 @@ class ReplaySource:
         return "B" if self.journal.backend.kind == "file" else "offsets"
 
     def scan(self, report: ReadReport, progress: Progress | None = None,
-             fields: Mapping[type, tuple[str, ...]] | None = None) -> Iterator[JournaledEvent]:
-        """Every committed, unfenced event of the journal, partition by partition.
-        Records that do not decode go to ``report`` (and are stepped over). ``fields``: decode
-        only those fields of those record types (``Journal.scan``)."""
-        partitions = range(self.journal.backend.partitions)
-        return self._counted(self.journal.scan(report, fields), partitions, progress)
+             fields: Mapping[type, tuple[str, ...]] | None = None,
+             partitions: list[int] | None = None) -> Iterator[JournaledEvent]:
+        """Every committed, unfenced event of the journal (of ``partitions`` only, if given),
+        partition by partition. Records that do not decode go to ``report`` (and are stepped
+        over). ``fields``: decode only those fields of those record types (``Journal.scan``)."""
+        counted = range(self.journal.backend.partitions) if partitions is None else partitions
+        return self._counted(self.journal.scan(report, fields, partitions), counted, progress)
+
+    def end_offsets(self) -> dict[int, int]:
+        """Each events partition's end, in the journal's offsets (what a scan of it will count)."""
+        backend = self.journal.backend
+        return {p: backend.end_offset(p) for p in range(backend.partitions)}
 
     def rollout_events(self, rollout_id: str, report: ReadReport,
                        progress: Progress | None = None) -> Iterator[JournaledEvent]:

@@ -180,6 +180,14 @@ def test_the_projected_list_scan_equals_the_fully_decoded_one(crashed: CrashedRu
     assert {r["model_calls"] for r in projected.as_json()["rollouts"]} != {0}  # calls were folded, not skipped
 
 
+def test_list_in_scan_workers_shows_what_one_process_shows(crashed: CrashedRun, capsys) -> None:
+    """``--jobs``: partitions scanned in worker processes (a Kafka journal has 4 here; a file
+    journal one, so it stays in one process) give the same rows, in the same order."""
+    one = run_cli(capsys, "replay", "list", "--journal", crashed.location, "--json", "--jobs", "1")
+    assert one[0] == 0 and one[1]["rollouts"]
+    assert run_cli(capsys, "replay", "list", "--journal", crashed.location, "--json", "--jobs", "3") == one
+
+
 def test_list_prints_a_table(crashed: CrashedRun, capsys) -> None:
     assert cli(["list", crashed.location]) == 0
     lines = capsys.readouterr().out.splitlines()

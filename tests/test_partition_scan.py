@@ -1,0 +1,137 @@
+"""Scans in worker processes (``replay.partition_scan``): the same rows as one process, a
+worker's error raised as itself, a killed worker named, and a journal whose rollout straddles
+partitions read as one. Errors cross the process boundary whole."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.common import turn_events
+from journal.errors import (
+    CorruptRecordError,
+    JournalStoppedError,
+    NotAuthorizedError,
+    PartitionFencedError,
+    RecordLocation,
+    UnknownSchemaError,
+)
+from journal.events import AttemptStarted, Header, Message
+from journal.journal import ReadReport
+from journal.open import open_journal
+from replay.errors import NoSuchRolloutError
+from replay.listing import list_rollouts
+from replay.partition_scan import PartitionScan, ScanWorkerError, jobs_for
+from replay.progress import Progress
+from replay.source import ReplaySource, open_replay
+
+HERE = RecordLocation("ns.events", 1, 42)
+
+
+@pytest.mark.parametrize("error", [
+    CorruptRecordError(HERE, "bad CRC"),
+    UnknownSchemaError(HERE, b"\x01" * 8),
+    NotAuthorizedError("WRITE", "topic", "ns.events", "user ns-a", "grant it"),
+    PartitionFencedError("fenced", 3),
+    JournalStoppedError(RuntimeError("broker gone")),
+    NoSuchRolloutError("r-1", "kafka://h:1/ns"),
+], ids=lambda e: type(e).__name__)
+def test_an_error_pickles_whole(error: Exception) -> None:
+    """Class, message and fields survive a pickle, whatever the class's ``__init__`` takes."""
+    back = pickle.loads(pickle.dumps(error))
+    assert type(back) is type(error) and str(back) == str(error)
+    assert {k: str(v) for k, v in vars(back).items()} == {k: str(v) for k, v in vars(error).items()}
+
+
+def write_journal(location: str, rollouts: int, turns: int) -> list[str]:
+    rng = np.random.default_rng(1)
+    ids = [f"ps-g{r // 2}-s{r % 2}" for r in range(rollouts)]
+    with open_journal(location, writer=f"ps-{uuid.uuid4().hex[:6]}") as journal:
+        for rid in ids:
+            header = Header(rid, rid.rsplit("-", 1)[0], 1, 1, 0, 0, Header.now_ms(), "test")
+            journal.append_sync([AttemptStarted(header, 0, "topology", "new rollout", [Message("user", "task")])])
+            for t in range(turns):
+                journal.append_sync(turn_events(rid, t, 1 + 3 * t, rng, prompt_delta=8, output=4))
+    return ids
+
+
+def listed(location: str, jobs: int) -> tuple[dict, list[str], int]:
+    with open_replay(location) as source:
+        listing = list_rollouts(source, jobs=jobs)
+    return listing.as_json(), [str(e) for e in listing.report.errors], listing.report.records_read
+
+
+@pytest.mark.kafka
+def test_workers_list_what_one_process_lists(kafka_bootstrap: str) -> None:
+    location = f"kafka://{kafka_bootstrap}/ps{uuid.uuid4().hex[:8]}?partitions=4"
+    ids = write_journal(location, rollouts=8, turns=3)
+    one, errors, read = listed(location, jobs=1)
+    assert [r["rollout_id"] for r in one["rollouts"]] and {r["rollout_id"] for r in one["rollouts"]} == set(ids)
+    for jobs in (2, 4):
+        assert listed(location, jobs) == (one, errors, read)
+
+
+@pytest.mark.kafka
+def test_a_rollout_in_two_partitions_is_listed_as_one_process_lists_it(kafka_bootstrap: str) -> None:
+    """A record copied into another partition (a foreign producer, a damaged journal): its rollout
+    straddles partitions, which no worker sees whole, so the listing is read in one process."""
+    from confluent_kafka import Producer
+
+    namespace = f"ps{uuid.uuid4().hex[:8]}"
+    location = f"kafka://{kafka_bootstrap}/{namespace}?partitions=2"
+    ids = write_journal(location, rollouts=4, turns=2)
+    with open_replay(location) as source:
+        home = source.journal.partition_of(ids[0])
+        stray = next(r for r in source.journal.backend.read_events(home, 0) if r.key == ids[0])
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})
+    producer.produce(f"{namespace}.events", stray.value, stray.key.encode(), partition=1 - home)
+    assert producer.flush(30) == 0
+    one = listed(location, jobs=1)
+    assert any(r["damaged"] for r in one[0]["rollouts"])  # the copy is a record appearing twice
+    assert listed(location, jobs=2) == one
+
+
+def test_jobs_for_goes_parallel_only_where_it_pays(tmp_path: Path) -> None:
+    location = str(tmp_path / "j")
+    write_journal(location, rollouts=1, turns=1)
+    with open_replay(location) as source:
+        assert jobs_for(source, None, {0: 10**9}) == 1  # a file journal: one partition
+        assert jobs_for(source, 3, {0: 5, 1: 5}) == 2  # no more workers than partitions
+        with pytest.raises(ValueError, match="at least 1"):
+            jobs_for(source, 0, {0: 5})
+
+
+def fail_on_partition_1(source: ReplaySource, partition: int, report: ReadReport, progress: Progress) -> int:
+    if partition == 1:
+        raise CorruptRecordError(HERE, "planted by the test")
+    return partition
+
+
+def die_on_partition_1(source: ReplaySource, partition: int, report: ReadReport, progress: Progress) -> int:
+    if partition == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return partition
+
+
+def test_a_workers_error_is_raised_as_itself(tmp_path: Path) -> None:
+    location = str(tmp_path / "j")
+    write_journal(location, rollouts=1, turns=1)
+    with open_replay(location) as source:
+        assert [p for p, *_ in PartitionScan(source, fail_on_partition_1, 2, {0: 1, 2: 1}).run()] == [0, 2]
+        with pytest.raises(CorruptRecordError, match="planted by the test") as raised:
+            PartitionScan(source, fail_on_partition_1, 2, {0: 1, 1: 1, 2: 1}).run()
+    assert raised.value.location == HERE
+
+
+def test_a_killed_worker_is_named_with_its_partitions(tmp_path: Path) -> None:
+    location = str(tmp_path / "j")
+    write_journal(location, rollouts=1, turns=1)
+    with open_replay(location) as source:
+        with pytest.raises(ScanWorkerError, match=r"partitions \[1, 3\] died \(exit code -9\)"):
+            PartitionScan(source, die_on_partition_1, 2, {0: 1, 1: 1, 2: 1, 3: 1}).run()
