@@ -21,17 +21,21 @@ Speed, on the larger journal, ``--rounds`` rounds of two back-to-back scans:
   does: read every record through the journal's Kafka backend, decode it (projected:
   the header and the few fields ``RolloutProgress`` reads, ``RolloutProgress.READS``;
   every other field stepped over, see ``journal/projection.py``), fence it, apply it
-  to its rollout's ``RolloutProgress``.
+  to its rollout's ``RolloutProgress``; with the scan workers the command starts on a
+  journal this size (``replay/partition_scan.py``: one a core and a partition, each
+  folding whole partitions), started and ended inside the timing. The same scan in one
+  process is timed too (``serial_ratio``).
 
 ``ratio`` is the median of the per-round ratios (list events/s over raw events/s, wall
 clock: the issue's figure). Each round also times the journal's own Kafka backend
 reading the same records undecoded (``backend_ratio``): the transport share of the
 gap, the rest being decoding, fencing and the fold (``us_per_event``). Each scan's
-process CPU time (librdkafka's threads included) is reported too (``cpu_ratio``,
+process CPU time (librdkafka's threads and scan workers included) is reported too (``cpu_ratio``,
 ``cpu_us_per_event``): on a shared, loaded machine wall time swings with the
 neighbours, CPU time much less.
 
-Memory: ``replay list`` runs once per journal in a fresh child process, which
+Memory: ``replay list`` runs once per journal in one fresh child process (no scan
+workers: every row is held in that process, the most one holds), which
 reports its peak RSS (``ru_maxrss``) and, in a second child, the peak of Python
 allocations (``tracemalloc``). ``memory_growth`` is large over small: 1.0 is flat.
 
@@ -61,6 +65,8 @@ from journal.codec import Codec  # noqa: E402
 from journal.events import AttemptStarted, Header, Message  # noqa: E402
 from journal.kafka_backend import KafkaBackend  # noqa: E402
 from journal.kafka_config import KafkaSettings  # noqa: E402
+from replay import open_replay  # noqa: E402
+from replay.partition_scan import jobs_for  # noqa: E402
 
 PARTITIONS = 8
 
@@ -136,22 +142,27 @@ def raw_scan(location: str) -> tuple[int, float, float]:
 def backend_scan(location: str) -> tuple[int, float, float]:
     """(records, seconds, CPU seconds) of the journal's Kafka backend reading every event record,
     undecoded: the transport part of what ``replay list`` does."""
-    from replay import open_replay
-
     started, cpu = time.perf_counter(), time.process_time()
     with open_replay(location) as source:
         records = sum(1 for _ in source.stored_events())
     return records, time.perf_counter() - started, time.process_time() - cpu
 
 
-def list_scan(location: str) -> tuple[int, float, float]:
-    """(events, seconds, CPU seconds) of ``replay list`` over the journal."""
-    from replay import list_rollouts, open_replay
+def cpu_seconds() -> float:
+    """CPU time of this process and of its children that ended (``replay list``'s scan workers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
-    started, cpu = time.perf_counter(), time.process_time()
+
+def list_scan(location: str, jobs: int | None = None) -> tuple[int, float, float]:
+    """(events, seconds, CPU seconds of every process) of ``replay list`` over the journal,
+    with ``jobs`` scan workers (None: what the command chooses)."""
+    from replay import list_rollouts
+
+    started, cpu = time.perf_counter(), cpu_seconds()
     with open_replay(location) as source:
-        listing = list_rollouts(source)
-    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        listing = list_rollouts(source, jobs=jobs)
+    seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     if listing.report.errors or any(r.damaged for r in listing.rows):
         raise RuntimeError(f"{location}: the scan found problems: {listing.report.errors[:3]}")
     return listing.events, seconds, cpu
@@ -171,7 +182,7 @@ def child(location: str, traced: bool) -> None:
 
     if traced:
         tracemalloc.start()
-    events, seconds, _ = list_scan(location)
+    events, seconds, _ = list_scan(location, jobs=1)  # every row in this one process: the most it holds
     report = {"events": events, "seconds": seconds,
               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if traced:
@@ -205,24 +216,29 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             events, size_bytes = write_journal(location, args.rollouts, turns, args.prompt_delta, args.output)
             report["journals"][size] = {"events": events, "turns_per_rollout": turns, "value_mb": size_bytes / 2**20}
         large = url(bootstrap, namespaces["large"])
+        with open_replay(large) as source:
+            report["scan_jobs"] = jobs_for(source, None, source.end_offsets())
         rounds = []
         for i in range(args.rounds):
             say(f"round {i + 1}/{args.rounds}: raw consumer scan, journal backend read, replay list scan")
             raw_records, raw_s, raw_cpu = raw_scan(large)
             backend_records, backend_s, backend_cpu = backend_scan(large)
             listed, list_s, list_cpu = list_scan(large)
-            if not raw_records == backend_records == listed:
+            serial, serial_s, serial_cpu = list_scan(large, jobs=1)
+            if not raw_records == backend_records == listed == serial:
                 raise RuntimeError(f"the raw scan read {raw_records} records, the backend {backend_records}, "
-                                   f"replay list {listed} events")
+                                   f"replay list {listed} events ({serial} in one process)")
             rounds.append({"raw_events_per_s": raw_records / raw_s, "backend_events_per_s": backend_records / backend_s,
                            "list_events_per_s": listed / list_s, "ratio": raw_s / list_s,
+                           "serial_list_events_per_s": serial / serial_s, "serial_ratio": raw_s / serial_s,
                            "backend_ratio": raw_s / backend_s, "cpu_ratio": raw_cpu / list_cpu,
                            "cpu_us_per_event": {"raw_consumer": 1e6 * raw_cpu / raw_records,
                                                 "journal_backend_read": 1e6 * backend_cpu / backend_records,
-                                                "replay_list": 1e6 * list_cpu / listed}})
+                                                "replay_list": 1e6 * list_cpu / listed,
+                                                "replay_list_one_process": 1e6 * serial_cpu / serial}})
         report["rounds"] = rounds
-        for key in ("raw_events_per_s", "backend_events_per_s", "list_events_per_s", "ratio", "backend_ratio",
-                    "cpu_ratio"):
+        for key in ("raw_events_per_s", "backend_events_per_s", "list_events_per_s", "ratio",
+                    "serial_list_events_per_s", "serial_ratio", "backend_ratio", "cpu_ratio"):
             report[key] = statistics.median(r[key] for r in rounds)
         report["cpu_us_per_event"] = {k: statistics.median(r["cpu_us_per_event"][k] for r in rounds)
                                       for k in rounds[0]["cpu_us_per_event"]}
@@ -280,7 +296,8 @@ def main() -> int:
         rounds = ", ".join(f"{r['ratio']:.2f}" for r in report["rounds"])
         print(f"replay list over {j['large']['events']:,} events ({args.rollouts} rollouts): "
               f"{report['list_events_per_s']:,.0f} events/s; raw consumer {report['raw_events_per_s']:,.0f}/s; "
-              f"ratio {report['ratio']:.2f} (rounds: {rounds}); the backend's undecoded read alone "
+              f"ratio {report['ratio']:.2f} (rounds: {rounds}; {report['scan_jobs']} scan workers, "
+              f"{report['serial_ratio']:.2f} in one process); the backend's undecoded read alone "
               f"{report['backend_events_per_s']:,.0f}/s ({report['backend_ratio']:.2f}); CPU time ratio "
               f"{report['cpu_ratio']:.2f} ({report['cpu_us_per_event']['replay_list']:.1f} us an event)")
         g = report["memory_growth"]
