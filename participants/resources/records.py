@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from .canonical import canonical_json, sha256_hex
@@ -47,20 +47,25 @@ class MutationRecord:
 
     def chain_payload(self) -> dict[str, Any]:
         """The record minus its chain hash: what the chain link hashes."""
-        payload = asdict(self)
+        payload = self.to_dict()
         del payload["chain_hash"]
         return payload
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The fields as a new dict; ``args`` and ``result`` are the record's own (not copies:
+        the record is immutable, and every caller serializes or reads them). ``asdict``'s deep
+        copy was most of what writing a long rollout's snapshot cost."""
+        return {name: getattr(self, name) for name in _RECORD_FIELDS}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> MutationRecord:
-        names = [f.name for f in fields(cls)]
-        missing = [n for n in names if n not in data]
+        missing = [n for n in _RECORD_FIELDS if n not in data]
         if missing:
             raise MalformedRecordError(f"mutation record for {data.get('resource_id')!r} lacks {', '.join(missing)}; was it written by this version?")
-        return cls(**{n: data[n] for n in names})
+        return cls(**{n: data[n] for n in _RECORD_FIELDS})
+
+
+_RECORD_FIELDS = tuple(f.name for f in fields(MutationRecord))
 
 
 def genesis_hash(resource_id: str) -> str:
