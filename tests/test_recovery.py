@@ -87,8 +87,11 @@ def test_a_corrupt_snapshot_falls_back_to_the_previous_one_and_a_longer_replay(j
 
 
 def test_a_crash_while_a_snapshot_is_written_loses_only_that_uncommitted_turn(tmp_path: Path) -> None:
-    # No linger: each turn gets a commit of its own, so cutting the last commit cuts exactly one turn.
-    config = workload(str(tmp_path / "journal"), siblings=1, max_turns=6, snapshot_every_turns=2, journal_linger_ms=0)
+    # Each turn gets a commit of its own, so cutting the last commit cuts exactly one turn: no linger,
+    # and no turn appended before the previous one is durable (with two turns in flight, a committer
+    # slowed by a loaded machine could take turns 3 and 4 in one commit, and the cut would lose both).
+    config = workload(str(tmp_path / "journal"), siblings=1, max_turns=6, snapshot_every_turns=2, journal_linger_ms=0,
+                      turns_in_flight=1)
     (rid,) = (s.rollout_id for s in workload_specs(config))
     reference = reference_outcomes(config)
     run_workload(config, resume=False, stop_after={rid: 4})  # turn 4's commit carries a snapshot
