@@ -13,8 +13,10 @@
 2. Restore time, phase by phase: reading the journal, folding the events into
    each rollout, rebuilding environments, writing the fences. On real crashed
    workloads per environment kind, then on synthesized file journals as active
-   rollouts grow (100, 1k, 10k) and as history grows 10x with snapshots on (it
-   must stay flat); synthesized rollouts have no environment to rebuild.
+   rollouts grow (100, 1k, 10k), and with snapshots on as history grows 10x (it
+   must stay flat) and, apart from it, as each active rollout's state grows 8x
+   (41 turns in instead of 5: a state to decode is that much larger, whatever the
+   history); synthesized rollouts have no environment to rebuild.
 3. Rollout throughput with journaling on vs off (the same rollouts, alternating
    rounds, median of the per-round ratios with a bootstrap 90% interval):
    ``journal_overhead = 1 - on/off``.
@@ -346,33 +348,55 @@ def restore_section(tmp: Path, report: dict, sizes: list[int], *, quick: bool) -
         log(f"  {n} active rollouts: restore {phases['restore_s'] * 1000:.1f} ms (read {phases['read_s'] * 1000:.1f}, "
             f"fold {phases['fold_s'] * 1000:.1f}; {phases['events_replayed']} events replayed)")
     report["restore_time_by_active_rollouts"] = by_active
-    log("restore time vs history (snapshots on) ...")
-    active = 200 if quick else 1000
-    base, big = tmp / "hist-1x", tmp / "hist-10x"
-    synthesize(base, active=active, turns=5, snapshot_every=2, finished_before=active // 2)
-    synthesize(big, active=active, turns=41, snapshot_every=2, finished_before=5 * active)
-    sizes_mb = [sum(p.stat().st_size for p in (root / "log").glob("*.seg")) / 1e6 for root in (base, big)]
-    # Rounds alternate which journal goes first; the ratio is the median of the per-round
-    # ratios, so a shared machine's drift (and a cold page cache) lands on both alike.
-    rounds, ratios = 3 if quick else 5, []
-    runs: dict[Path, list[dict]] = {base: [], big: []}
+    log("restore time vs history and vs state size (snapshots on) ...")
+    report.update(growth_section(tmp, active=200 if quick else 1000, rounds=3 if quick else 5))
+
+
+def growth_section(tmp: Path, active: int, rounds: int) -> dict:
+    """Restore of ``active`` rollouts as the journal grows, three ways against one base journal
+    (``active`` rollouts 5 turns in, ``active / 2`` acknowledged past rollouts of 5 turns):
+
+    - history: the past grows until the journal is 10x the bytes (14x ``active`` past
+      rollouts); the active rollouts stay 5 turns in. Restore reads snapshots and the log
+      since them, so this is what must stay flat.
+    - state: the active rollouts are 41 turns in (about 8x the tokens, 8x the mutations in
+      each state); the past stays. Each state to decode is 8x larger, whatever the history.
+    - both: 41 turns and 5x ``active`` past rollouts, the one figure this bench gave before.
+
+    Rounds rotate which journal goes first; each ratio is the median of its per-round ratios,
+    so a shared machine's drift (and a cold page cache) lands on all alike."""
+    journals = {"base": (5, active // 2), "history": (5, 14 * active), "state": (41, active // 2),
+                "both": (41, 5 * active)}
+    roots = {name: tmp / f"growth-{name}" for name in journals}
+    for name, (turns, past) in journals.items():
+        synthesize(roots[name], active=active, turns=turns, snapshot_every=2, finished_before=past)
+    sizes_mb = {name: sum(p.stat().st_size for p in (root / "log").glob("*.seg")) / 1e6 for name, root in roots.items()}
+    runs: dict[str, list[dict]] = {name: [] for name in journals}
+    ratios: dict[str, list[float]] = {name: [] for name in journals if name != "base"}
+    names = list(journals)
     for round_ in range(rounds):
-        measured = {root: restore_phases(root, repeats=1) for root in ((base, big) if round_ % 2 == 0 else (big, base))}
-        ratios.append(measured[big]["restore_s"] / measured[base]["restore_s"])
-        for root, phases in measured.items():
-            runs[root].append(phases)
-    p1, p10 = ({key: median([r[key] for r in runs[root]]) for key in ("read_s", "fold_s", "restore_s", "events_replayed")}
-               for root in (base, big))
-    report["restore_time_history"] = {
-        "active_rollouts": active, "journal_mb_1x": round(sizes_mb[0], 1), "journal_mb_10x": round(sizes_mb[1], 1),
-        "restore_s_1x": round(p1["restore_s"], 4), "restore_s_10x": round(p10["restore_s"], 4),
-        "read_s_1x": round(p1["read_s"], 4), "read_s_10x": round(p10["read_s"], 4),
-        "fold_s_1x": round(p1["fold_s"], 4), "fold_s_10x": round(p10["fold_s"], 4),
-        "events_replayed_1x": int(p1["events_replayed"]), "events_replayed_10x": int(p10["events_replayed"]),
-        "ratio_per_round": [round(r, 3) for r in ratios]}
-    report["restore_time_ratio_10x_history"] = round(median(ratios), 3)
-    log(f"  history x{sizes_mb[1] / sizes_mb[0]:.1f} bytes: restore {p1['restore_s'] * 1000:.1f} ms -> "
-        f"{p10['restore_s'] * 1000:.1f} ms (median of {rounds} rounds' ratios {median(ratios):.2f})")
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        measured = {name: restore_phases(roots[name], repeats=1) for name in order}
+        for name in ratios:
+            ratios[name].append(measured[name]["restore_s"] / measured["base"]["restore_s"])
+        for name, phases in measured.items():
+            runs[name].append(phases)
+    growth = {}
+    for name, (turns, past) in journals.items():
+        medians = {key: median([r[key] for r in runs[name]]) for key in ("read_s", "fold_s", "restore_s")}
+        growth[name] = {"active_turns": turns, "past_rollouts": past, "journal_mb": round(sizes_mb[name], 3),
+                        "events_replayed": int(runs[name][0]["events_replayed"]),
+                        **{key: round(value, 4) for key, value in medians.items()}}
+        if name in ratios:
+            growth[name]["ratio_per_round"] = [round(r, 3) for r in ratios[name]]
+            growth[name]["ratio"] = round(median(ratios[name]), 3)
+            log(f"  {name}: journal {sizes_mb[name]:.0f} MB vs {sizes_mb['base']:.0f} MB; restore "
+                f"{growth[name]['restore_s'] * 1000:.1f} ms vs {growth['base']['restore_s'] * 1000:.1f} ms "
+                f"(ratio {growth[name]['ratio']:.2f})")
+    return {"restore_growth": {"active_rollouts": active, "rounds": rounds, "journals": growth},
+            "restore_time_ratio_10x_history": growth["history"]["ratio"],
+            "restore_time_ratio_8x_state": growth["state"]["ratio"],
+            "restore_time_ratio_history_and_state": growth["both"]["ratio"]}
 
 
 def summary(report: dict) -> str:
@@ -385,7 +409,9 @@ def summary(report: dict) -> str:
         lines.append("restore of a crashed workload, total ms: " + ", ".join(
             f"{env} {r['restore_ms']['total']} (rebuild {r['restore_ms']['rebuild']})"
             for env, r in report["restore_crashed_by_environment"].items()))
-        lines.append(f"restore time ratio at 10x history: {report['restore_time_ratio_10x_history']}")
+        lines.append(f"restore time ratio at 10x history: {report['restore_time_ratio_10x_history']}; "
+                     f"at 8x state: {report['restore_time_ratio_8x_state']}; at both: "
+                     f"{report['restore_time_ratio_history_and_state']}")
     if "journal_overhead" in report:
         lines.append(f"journal overhead {report['journal_overhead']:.1%} (90% interval "
                      f"{report['journal_overhead_90ci'][0]:.1%} to {report['journal_overhead_90ci'][1]:.1%})")

@@ -75,6 +75,22 @@ def test_synthesized_restore_journals_fold(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_restore_growth_separates_history_from_state_size(tmp_path: Path) -> None:
+    """History grows the journal 10x around the same states; state grows each active rollout
+    8x in turns; both do both. Each is timed against the same base journal."""
+    sys.path.insert(0, str(ROOT))
+    from bench.recovery import growth_section
+
+    report = growth_section(tmp_path, active=4, rounds=1)
+    journals = report["restore_growth"]["journals"]
+    assert journals["history"]["journal_mb"] == pytest.approx(10 * journals["base"]["journal_mb"], rel=0.2)
+    assert journals["state"]["active_turns"] == journals["both"]["active_turns"] == 41
+    assert journals["history"]["events_replayed"] == journals["base"]["events_replayed"]  # the log since snapshots
+    for key in ("restore_time_ratio_10x_history", "restore_time_ratio_8x_state", "restore_time_ratio_history_and_state"):
+        assert report[key] > 0
+
+
+@pytest.mark.slow
 def test_signing_cost_reports_per_checkpoint_and_end_to_end(tmp_path: Path) -> None:
     sys.path.insert(0, str(ROOT))
     from bench.signing_cost import per_checkpoint, throughput
@@ -99,8 +115,9 @@ def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
     report = json.loads(done.stdout)
     assert report["journals"]["large"]["events"] == 20 * (1 + 3 * 19)
     assert report["journals"]["small"]["events"] == 20 * (1 + 3 * 4)
-    for key in ("raw_events_per_s", "list_events_per_s", "ratio"):
+    for key in ("raw_events_per_s", "list_events_per_s", "ratio", "serial_ratio"):
         assert report[key] > 0
+    assert report["scan_jobs"] == 1  # a journal this small is scanned in one process
     for size in ("small", "large"):
         assert report["memory"][size]["peak_rss_mb"] > 0 and report["memory"][size]["traced_peak_mb"] > 0
     assert report["memory_growth"]["events"] > 3
