@@ -45,10 +45,13 @@ class ScanWorkerError(ReplayError):
 def jobs_for(source: ReplaySource, requested: int | None, ends: dict[int, int]) -> int:
     """Worker processes for a scan of ``source`` whose partitions end at ``ends``: ``requested``
     (at most one a partition), or, if None, one a CPU core and a partition once the journal
-    holds ``AUTO_MIN_RECORDS`` records (1 below that, and for a file journal, which has one)."""
+    holds ``AUTO_MIN_RECORDS`` records (1 below that, and for a file journal, which has one).
+    Always 1 for a source that workers cannot open again (one not made by ``open_replay``)."""
+    if requested is not None and requested < 1:
+        raise ValueError(f"jobs must be at least 1, not {requested}")
+    if not source.reopenable:
+        return 1
     if requested is not None:
-        if requested < 1:
-            raise ValueError(f"jobs must be at least 1, not {requested}")
         return min(requested, max(1, len(ends)))
     if len(ends) < 2 or source.unit != "offsets" or sum(ends.values()) < AUTO_MIN_RECORDS:
         return 1

@@ -35,6 +35,7 @@ class ReplaySource:
     location: str
     journal: Journal
     _index: SnapshotIndex | None = field(default=None, repr=False)
+    reopenable: bool = False  # ``location`` opens this journal again (scan workers do): set by open_replay
 
     @property
     def unit(self) -> str:
@@ -111,4 +112,4 @@ class ReplaySource:
 
 def open_replay(location: str) -> ReplaySource:
     """The journal at ``location`` (a directory or ``kafka://host:port/namespace``), read-only."""
-    return ReplaySource(location, open_journal(location, writer=READER, read_only=True))
+    return ReplaySource(location, open_journal(location, writer=READER, read_only=True), reopenable=True)

@@ -105,6 +105,8 @@ def test_jobs_for_goes_parallel_only_where_it_pays(tmp_path: Path) -> None:
         assert jobs_for(source, 3, {0: 5, 1: 5}) == 2  # no more workers than partitions
         with pytest.raises(ValueError, match="at least 1"):
             jobs_for(source, 0, {0: 5})
+        # A source made around an open journal names no place a worker could open it from
+        assert jobs_for(ReplaySource("a journal", source.journal), 2, {0: 5, 1: 5}) == 1
 
 
 def fail_on_partition_1(source: ReplaySource, partition: int, report: ReadReport, progress: Progress) -> int:
