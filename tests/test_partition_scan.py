@@ -137,3 +137,20 @@ def test_a_killed_worker_is_named_with_its_partitions(tmp_path: Path) -> None:
     with open_replay(location) as source:
         with pytest.raises(ScanWorkerError, match=r"partitions \[1, 3\] died \(exit code -9\)"):
             PartitionScan(source, die_on_partition_1, 2, {0: 1, 1: 1, 2: 1, 3: 1}).run()
+
+
+@pytest.mark.kafka
+def test_a_journal_the_caller_opened_is_listed_in_one_process(kafka_bootstrap: str, monkeypatch) -> None:
+    """Workers reopen a journal by its location; a source whose location is a label (the 0.1
+    API's ``replay.inspect.list_rollouts(journal)``, ``replay.redone``) cannot be reopened, so
+    it is listed in one process, at any size, not refused as "no file journal at kafka journal"."""
+    from replay import inspect, partition_scan
+
+    location = f"kafka://{kafka_bootstrap}/ps{uuid.uuid4().hex[:8]}?partitions=4"
+    ids = write_journal(location, rollouts=8, turns=1)
+    with open_journal(location, writer="ps-reader", read_only=True) as journal:
+        one = inspect.list_rollouts(journal)
+        monkeypatch.setattr(partition_scan, "AUTO_MIN_RECORDS", 0)  # as a journal of 200k records would
+        assert set(inspect.list_rollouts(journal).rollouts) == set(one.rollouts) == set(ids)
+        labelled = ReplaySource("kafka journal", journal)
+        assert list_rollouts(labelled, jobs=2).as_json() == list_rollouts(labelled, jobs=1).as_json()
