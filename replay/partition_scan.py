@@ -136,6 +136,8 @@ class PartitionScan(Generic[R]):
         finally:
             progress.finish()
             for worker in workers:
+                if worker.pid is None:  # never started: a failed or interrupted start left it
+                    continue
                 if worker.is_alive():
                     worker.terminate()
                 worker.join()

@@ -154,3 +154,13 @@ def test_a_journal_the_caller_opened_is_listed_in_one_process(kafka_bootstrap: s
         assert set(inspect.list_rollouts(journal).rollouts) == set(one.rollouts) == set(ids)
         labelled = ReplaySource("kafka journal", journal)
         assert list_rollouts(labelled, jobs=2).as_json() == list_rollouts(labelled, jobs=1).as_json()
+
+
+def test_a_worker_that_cannot_start_leaves_its_error_to_the_caller(tmp_path: Path) -> None:
+    """A failed start (here a task that does not pickle; Ctrl-C while workers start ends the
+    same way) is raised as itself, not as the AssertionError of joining a worker never started."""
+    location = str(tmp_path / "j")
+    write_journal(location, rollouts=1, turns=1)
+    with open_replay(location) as source:
+        with pytest.raises((pickle.PicklingError, AttributeError)):
+            PartitionScan(source, lambda *_: 0, 2, {0: 1, 1: 1, 2: 1}).run()
