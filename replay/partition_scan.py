@@ -17,9 +17,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
-import queue
 from collections.abc import Callable, Sequence
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Generic, TypeVar
 
 from journal.journal import ReadReport
 
@@ -35,7 +37,7 @@ PartitionTask = Callable[[ReplaySource, int, ReadReport, Progress], R]
 
 AUTO_MIN_RECORDS = 200_000  # a smaller Kafka journal scans faster than workers start
 AUTO_MAX_JOBS = 8
-_WAIT_S = 0.5  # how often the caller looks for a worker that died without a word
+_DEATH_S = 5.0  # how long the caller waits for a dead worker's exit code
 
 
 class ScanWorkerError(ReplayError):
@@ -58,17 +60,17 @@ def jobs_for(source: ReplaySource, requested: int | None, ends: dict[int, int]) 
     return max(1, min(os.cpu_count() or 1, len(ends), AUTO_MAX_JOBS))
 
 
-class _QueueProgress:
+class _PipeProgress:
     """A worker's progress, forwarded to the caller's bar (advances only: the caller started it)."""
 
-    def __init__(self, messages: Any) -> None:
+    def __init__(self, messages: Connection) -> None:
         self._messages = messages
 
     def start(self, total: int, unit: str) -> None:
         pass
 
     def advance(self, n: int) -> None:
-        self._messages.put(("advance", n))
+        self._messages.send(("advance", n))
 
     def finish(self) -> None:
         pass
@@ -82,18 +84,29 @@ def _picklable(error: BaseException) -> BaseException:
         return ScanWorkerError(f"{type(error).__name__}: {error}")
 
 
-def _work(location: str, partitions: Sequence[int], task: PartitionTask, messages: Any) -> None:
+def _work(location: str, partitions: Sequence[int], task: PartitionTask, messages: Connection) -> None:
     """A worker process: each of ``partitions`` through ``task``, each result sent as it is ready."""
     try:
         with open_replay(location) as source:
             for partition in partitions:
                 report = ReadReport()
-                result = task(source, partition, report, _QueueProgress(messages))
-                messages.put(("result", partition, result, report))
+                result = task(source, partition, report, _PipeProgress(messages))
+                messages.send(("result", partition, result, report))
+        messages.send(("done",))
     except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
-        messages.put(("failed", _picklable(exc)))
-        return
-    messages.put(("done",))
+        messages.send(("failed", _picklable(exc)))
+
+
+@dataclass
+class _Worker:
+    process: BaseProcess
+    messages: Connection  # the reading end of the worker's own pipe
+    partitions: list[int]
+
+    def died(self) -> ScanWorkerError:
+        self.process.join(_DEATH_S)
+        return ScanWorkerError(f"the scan worker for partitions {self.partitions} died (exit code "
+                               f"{self.process.exitcode}) before handing back their results")
 
 
 class PartitionScan(Generic[R]):
@@ -106,49 +119,46 @@ class PartitionScan(Generic[R]):
         """(partition, result, its read report) for every partition, in partition order."""
         progress = progress or NoProgress()
         context = multiprocessing.get_context("spawn")  # no librdkafka thread state copied by a fork
-        messages = context.Queue()
         partitions = sorted(self.ends)
         dealt = [partitions[i::self.jobs] for i in range(self.jobs)]
-        workers = [context.Process(target=_work, args=(self.source.location, mine, self.task, messages),
-                                   name=f"scan-partitions-{','.join(map(str, mine))}", daemon=True)
-                   for mine in dealt]
+        workers: list[_Worker] = []
         results: dict[int, tuple[R, ReadReport]] = {}
         progress.start(sum(self.ends.values()), self.source.unit)
         try:
-            for worker in workers:
-                worker.start()
-            finished = 0
-            while finished < len(workers):
+            for mine in dealt:
+                # A pipe a worker, whose writing end only that worker holds: a worker that dies,
+                # even half way through a message, is an end of file here, never a wait
+                reader, writer = context.Pipe(duplex=False)
+                process = context.Process(target=_work, args=(self.source.location, mine, self.task, writer),
+                                          name=f"scan-partitions-{','.join(map(str, mine))}", daemon=True)
+                workers.append(_Worker(process, reader, mine))
                 try:
-                    message = messages.get(timeout=_WAIT_S)
-                except queue.Empty:
-                    self._check_alive(workers, dealt)
-                    continue
-                kind = message[0]
-                if kind == "advance":
-                    progress.advance(message[1])
-                elif kind == "result":
-                    results[message[1]] = (message[2], message[3])
-                elif kind == "failed":
-                    raise message[1]
-                else:
-                    finished += 1
+                    process.start()
+                finally:
+                    writer.close()
+            running = {worker.messages: worker for worker in workers}
+            while running:
+                for ready in wait(list(running)):
+                    worker = running[ready]  # type: ignore[index]
+                    try:
+                        message = worker.messages.recv()
+                    except (EOFError, OSError):
+                        raise worker.died() from None
+                    kind = message[0]
+                    if kind == "advance":
+                        progress.advance(message[1])
+                    elif kind == "result":
+                        results[message[1]] = (message[2], message[3])
+                    elif kind == "failed":
+                        raise message[1]
+                    else:
+                        del running[worker.messages]
         finally:
             progress.finish()
             for worker in workers:
-                if worker.pid is None:  # never started: a failed or interrupted start left it
-                    continue
-                if worker.is_alive():
-                    worker.terminate()
-                worker.join()
-            messages.close()
+                if worker.process.pid is not None:  # started (a failed or interrupted start leaves some not)
+                    if worker.process.is_alive():
+                        worker.process.terminate()
+                    worker.process.join()
+                worker.messages.close()
         return [(p, *results[p]) for p in partitions]
-
-    @staticmethod
-    def _check_alive(workers: list, dealt: list[list[int]]) -> None:
-        """A worker that exits on its own has said so ("done" or "failed") first; a nonzero exit
-        code means it was killed (or crashed) on the way."""
-        for worker, mine in zip(workers, dealt, strict=True):
-            if worker.exitcode not in (None, 0):
-                raise ScanWorkerError(f"the scan worker for partitions {mine} died (exit code {worker.exitcode}) "
-                                      "before handing back their results")

@@ -7,6 +7,9 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import sys
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -164,3 +167,40 @@ def test_a_worker_that_cannot_start_leaves_its_error_to_the_caller(tmp_path: Pat
     with open_replay(location) as source:
         with pytest.raises((pickle.PicklingError, AttributeError)):
             PartitionScan(source, lambda *_: 0, 2, {0: 1, 1: 1, 2: 1}).run()
+
+
+def die_while_sending_partition_1(source: ReplaySource, partition: int, report: ReadReport,
+                                  progress: Progress) -> bytes | int:
+    """Partition 1's worker is killed half way through handing back a large result (the OOM
+    killer's moment: sending a result is when a worker holds the most)."""
+    if partition != 1:
+        return partition
+
+    def kill_once_sending() -> None:
+        while not any(frame.f_code.co_name == "_send" for frame in sys._current_frames().values()):
+            time.sleep(0.0005)
+        time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=kill_once_sending, daemon=True).start()
+    return b"x" * 200_000_000
+
+
+def test_a_worker_killed_while_sending_is_named_not_waited_for(tmp_path: Path) -> None:
+    location = str(tmp_path / "j")
+    write_journal(location, rollouts=1, turns=1)
+    raised: list[BaseException] = []
+
+    def scan() -> None:
+        with open_replay(location) as source:
+            try:
+                PartitionScan(source, die_while_sending_partition_1, 2, {0: 1, 1: 1}).run()
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                raised.append(exc)
+
+    caller = threading.Thread(target=scan, daemon=True)
+    caller.start()
+    caller.join(60)
+    assert not caller.is_alive(), "the scan waits forever on the rest of a dead worker's message"
+    assert len(raised) == 1 and isinstance(raised[0], ScanWorkerError)
+    assert "partitions [1] died (exit code -9)" in str(raised[0])
