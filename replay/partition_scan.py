@@ -9,7 +9,8 @@ the caller gets them in partition order, the order a serial scan reads them in.
 Starting a worker costs about a third of a second (a fresh interpreter and its
 imports), so :func:`jobs_for` only goes parallel on journals large enough to
 repay it. A worker that fails hands its error to the caller, which raises it; one
-that dies (killed, out of memory) is named with the partitions it held.
+that dies (killed, out of memory) is named with the partitions it held, and
+workers end with the caller (killed, interrupted) rather than outlive it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -84,8 +86,23 @@ def _picklable(error: BaseException) -> BaseException:
         return ScanWorkerError(f"{type(error).__name__}: {error}")
 
 
+def _end_with_parent() -> None:
+    """Exit as soon as the process that started this worker is gone (killed, SIGTERM): nobody
+    is left to read what the worker finds, and it must not scan on, holding the caller's outputs."""
+    parent = multiprocessing.parent_process()
+    if parent is None or parent.sentinel is None:
+        return
+
+    def watch() -> None:
+        wait([parent.sentinel])
+        os._exit(1)
+
+    threading.Thread(target=watch, name="scan-parent-watch", daemon=True).start()
+
+
 def _work(location: str, partitions: Sequence[int], task: PartitionTask, messages: Connection) -> None:
     """A worker process: each of ``partitions`` through ``task``, each result sent as it is ready."""
+    _end_with_parent()
     try:
         with open_replay(location) as source:
             for partition in partitions:
@@ -94,7 +111,10 @@ def _work(location: str, partitions: Sequence[int], task: PartitionTask, message
                 messages.send(("result", partition, result, report))
         messages.send(("done",))
     except BaseException as exc:  # noqa: BLE001 - handed to the caller, which raises it
-        messages.send(("failed", _picklable(exc)))
+        try:
+            messages.send(("failed", _picklable(exc)))
+        except OSError:  # the caller is gone: nobody to tell
+            pass
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import pickle
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -35,6 +36,7 @@ from replay.progress import Progress
 from replay.source import ReplaySource, open_replay
 
 HERE = RecordLocation("ns.events", 1, 42)
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("error", [
@@ -204,3 +206,52 @@ def test_a_worker_killed_while_sending_is_named_not_waited_for(tmp_path: Path) -
     assert not caller.is_alive(), "the scan waits forever on the rest of a dead worker's message"
     assert len(raised) == 1 and isinstance(raised[0], ScanWorkerError)
     assert "partitions [1] died (exit code -9)" in str(raised[0])
+
+
+def sleep_and_note_pid(source: ReplaySource, partition: int, report: ReadReport, progress: Progress) -> int:
+    Path(os.environ["PS_PID_DIR"], str(os.getpid())).touch()
+    time.sleep(120)
+    return partition
+
+
+def gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM], ids=["SIGKILL", "SIGTERM"])
+def test_workers_end_with_the_process_that_started_them(tmp_path: Path, how: signal.Signals) -> None:
+    """A caller killed mid-scan (SIGTERM from a supervisor or `timeout`, the OOM killer) leaves
+    no workers behind: they would scan on, then wait forever to hand back their results, holding
+    the caller's stdout and stderr open."""
+    location = str(tmp_path / "j")
+    write_journal(location, rollouts=1, turns=1)
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = ("from replay.source import open_replay; from replay.partition_scan import PartitionScan; "
+              "from tests.test_partition_scan import sleep_and_note_pid\n"
+              "if __name__ == '__main__':\n"
+              f"    with open_replay({location!r}) as source:\n"
+              "        PartitionScan(source, sleep_and_note_pid, 2, {0: 1, 1: 1}).run()\n")
+    caller = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT,
+                              env=os.environ | {"PS_PID_DIR": str(pids), "PYTHONPATH": str(ROOT)})
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(pids.iterdir())) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        workers = [int(p.name) for p in pids.iterdir()]
+        assert len(workers) == 2
+        caller.send_signal(how)
+        caller.wait(30)
+        deadline = time.monotonic() + 10
+        while not all(gone(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = [pid for pid in workers if not gone(pid)]
+        for pid in left:
+            os.kill(pid, signal.SIGKILL)
+        assert not left, f"workers {left} outlived the scan's process"
+    finally:
+        caller.kill()
+        caller.wait()
