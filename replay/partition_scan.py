@@ -18,8 +18,10 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import signal
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
@@ -117,6 +119,22 @@ def _work(location: str, partitions: Sequence[int], task: PartitionTask, message
             pass
 
 
+@contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT blocked in this thread while it starts a worker, which inherits the mask: Ctrl-C
+    (sent to the whole process group) then reaches the caller only, which ends its workers,
+    instead of each worker printing a KeyboardInterrupt traceback half way through its imports.
+    A Ctrl-C meanwhile is delivered once the worker has started."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 @dataclass
 class _Worker:
     process: BaseProcess
@@ -153,7 +171,8 @@ class PartitionScan(Generic[R]):
                                           name=f"scan-partitions-{','.join(map(str, mine))}", daemon=True)
                 workers.append(_Worker(process, reader, mine))
                 try:
-                    process.start()
+                    with _interrupts_held():
+                        process.start()
                 finally:
                     writer.close()
             running = {worker.messages: worker for worker in workers}

@@ -255,3 +255,42 @@ def test_workers_end_with_the_process_that_started_them(tmp_path: Path, how: sig
     finally:
         caller.kill()
         caller.wait()
+
+
+def children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            pass
+    return found
+
+
+@pytest.mark.kafka
+def test_ctrl_c_while_workers_start_is_one_line_and_ends_them(kafka_bootstrap: str) -> None:
+    """Ctrl-C reaches the whole foreground process group: workers still starting must not each
+    print a KeyboardInterrupt traceback (the command line's errors are one line), and none is left."""
+    location = f"kafka://{kafka_bootstrap}/ps{uuid.uuid4().hex[:8]}?partitions=4"
+    write_journal(location, rollouts=8, turns=1)
+    cli = subprocess.Popen([sys.executable, "-m", "replay.cli", "replay", "list", "--journal", location, "--jobs", "2"],
+                           cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)}, start_new_session=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := [p for p in children_of(cli.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline")
+                              .read_bytes()]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert len(workers) == 2
+        time.sleep(0.2)  # the workers are importing what they run
+        os.killpg(cli.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        _, err = cli.communicate(timeout=60)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+            cli.wait()
+    assert cli.returncode == 130, err
+    assert "Traceback" not in err and "rollout-journal: interrupted" in err, err
+    time.sleep(0.5)
+    assert all(gone(pid) for pid in workers)
