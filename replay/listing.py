@@ -108,14 +108,16 @@ class Listing:
 
 
 def list_rollouts(source: ReplaySource, where: RolloutFilter = RolloutFilter(),
-                  progress: Progress | None = None, *, projected: bool = True, jobs: int | None = None) -> Listing:
+                  progress: Progress | None = None, *, projected: bool = True, jobs: int | None = 1) -> Listing:
     """Scan the whole journal (leniently: unreadable records go to ``Listing.report``) and
     return a row per rollout that passes ``where``, in order of first appearance.
 
     The scan decodes only what ``RolloutProgress`` reads of the frequent events
     (``RolloutProgress.READS``); ``projected=False`` decodes every field (the same rows, slower).
     ``jobs`` worker processes scan the partitions (``replay.partition_scan``; None: as many as
-    the journal's size repays); the rows are the same either way."""
+    the journal's size repays, what the command line does); the rows are the same either way.
+    The default is this process alone: workers are spawned interpreters, which re-run a
+    calling script that lacks an ``if __name__ == "__main__"`` guard."""
     listing = Listing(source.location)
     ends = source.end_offsets()
     jobs = jobs_for(source, jobs, ends)
