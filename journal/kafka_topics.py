@@ -106,7 +106,7 @@ def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool)
     wanted = topic_configs(settings)
     if create:
         _create(admin, settings, wanted, timeout_s)
-    elif not _exists(admin, settings.results_topic, timeout_s):
+    elif not topic_listed(admin, settings.results_topic, timeout_s, unsure=True):  # the describe below says why
         # A namespace written before results were published: its readers open it as it is.
         log.info("topic %s does not exist: this namespace publishes no results", settings.results_topic)
         del wanted[settings.results_topic]
@@ -114,14 +114,6 @@ def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool)
     for topic, state in states.items():
         states[topic] = _check(admin, settings, wanted[topic], state, brokers, timeout_s)
     return states
-
-
-def _exists(admin: AdminClient, topic: str, timeout_s: float) -> bool:
-    try:
-        meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
-    except KafkaException:
-        return True  # let the describe below name what is wrong
-    return meta is not None and (meta.error is None or meta.error.code() != KafkaError.UNKNOWN_TOPIC_OR_PART)
 
 
 def record_limits(states: dict[str, TopicState], settings: KafkaSettings) -> tuple[int | None, int]:
@@ -151,7 +143,7 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
             if denied is not None:
                 # KRaft answers a refused CREATE so even for a topic that exists: a worker whose
                 # operator created the topics needs no CREATE right
-                if _exists(admin, topic, timeout_s):
+                if topic_listed(admin, topic, timeout_s, unsure=False):
                     continue
                 raise denied from None
             detail = f"{err.name()}: {err.str()}" if err is not None else repr(exc)
@@ -166,12 +158,17 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
             ) from exc
 
 
-def _exists(admin: AdminClient, topic: str, timeout_s: float) -> bool:
+def topic_listed(admin: AdminClient, topic: str, timeout_s: float, *, unsure: bool) -> bool:
+    """Whether the cluster lists ``topic``; ``unsure`` when it cannot say (no answer, or an error
+    other than "unknown topic", such as a refused describe). Each caller decides what an
+    unsure answer means: go on and let a later call name the problem, or stop here."""
     try:
         meta = admin.list_topics(topic=topic, timeout=timeout_s).topics.get(topic)
     except KafkaException:
-        return False
-    return meta is not None and meta.error is None
+        return unsure
+    if meta is None or meta.error is None:
+        return meta is not None
+    return False if meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART else unsure
 
 
 def _describe(

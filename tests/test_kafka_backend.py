@@ -726,3 +726,19 @@ def test_librdkafka_passthrough_reaches_every_client(settings: KafkaSettings) ->
 
 def test_locations_print_as_topic_partition_offset() -> None:
     assert str(RecordLocation("ns.events", 3, 17)) == "topic ns.events partition 3 offset 17"
+
+
+def test_topic_listed_leaves_an_unanswered_question_to_the_caller(backend: KafkaBackend,
+                                                                    kafka_bootstrap: str) -> None:
+    """A listed topic is there and an unknown one is not, whatever the caller asked; a cluster
+    that does not answer gives the caller's ``unsure``. Two helpers once shared this name with
+    opposite answers to that case, and the one defined last decided both callers."""
+    from journal.kafka_topics import topic_listed
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    for unsure in (True, False):
+        assert topic_listed(admin, backend.events_topic, 10, unsure=unsure)
+        assert not topic_listed(admin, f"no-such-topic-{uuid.uuid4().hex[:8]}", 10, unsure=unsure)
+    nobody = AdminClient({"bootstrap.servers": "127.0.0.1:9", "socket.connection.setup.timeout.ms": 1000})
+    assert topic_listed(nobody, backend.events_topic, 1, unsure=True) is True
+    assert topic_listed(nobody, backend.events_topic, 1, unsure=False) is False
