@@ -223,6 +223,7 @@ def test_kafka_user_and_grant_let_a_worker_run_resume_and_join_a_fleet(
                               env=clean_environment() | secure.env(user), cwd=workdir, stdout=subprocess.DEVNULL,
                               stderr=subprocess.PIPE, text=True)
     try:
+        monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)  # it would name the suite's other broker
         for key, value in secure.env(user).items():  # status, in this process, as the same user
             monkeypatch.setenv(key, value)
         wait_for(lambda: fleet_status(fleet).done, CLI_TIMEOUT_S, "the fleet worker to finish the workload",
