@@ -25,13 +25,19 @@
    The continued output is also compared with an uninterrupted run of the same workload,
    token for token and logprob for logprob (greedy): ``continued_equals_uninterrupted``.
 
+   The crash runs mark every ``--every`` tokens exactly (``progress_min_interval_ms=0``),
+   so that the marks' positions follow from the tokens.
+
 2. Generation throughput with progress journaling on vs off: the same workload (several
    rollouts, each turn a long free-form call and the tool call, file journal, durable
-   commits) in this process with one model, ``progress_every_tokens=--every`` vs 0, in
-   interleaved rounds that alternate which goes first. ``progress_overhead = 1 - on/off``
-   of output tokens/s, the median of the per-round figures with a bootstrap 90% interval
-   (goal <= 0.03). The process's CPU seconds per output token are compared the same way
-   (``progress_cpu_overhead``): on a loaded machine they vary less than wall time.
+   commits) in this process with one model, three variants taking turns in each round
+   (the order rotating): off (``progress_every_tokens=0``), on (``--every`` and the
+   workload's default time floor, ``progress_min_interval_ms``: no mark sooner than that
+   after the call's last one) and exact (``--every``, no floor).
+   ``progress_overhead = 1 - on/off`` of output tokens/s, the median of the per-round
+   figures with a bootstrap 90% interval (goal <= 0.03); ``progress_overhead_every_token_mark``
+   the same for exact. The process's CPU seconds per output token are compared the same
+   way (``progress_cpu_overhead``): on a loaded machine they vary less than wall time.
 
 The torch backend (the embedded tiny Llama on CPU) is the default; ``--backend vllm`` runs
 both sections on vLLM in process (each crash child then starts its own engine: slower).
@@ -81,18 +87,26 @@ WORKLOAD_SEED = 3
 
 
 def crash_config(journal: Path, backend: str, tokens: int, every: int) -> WorkloadConfig:
-    """One rollout, two turns; each a greedy free-form call, then the tool call."""
+    """One rollout, two turns; each a greedy free-form call, then the tool call. A mark every
+    ``every`` tokens exactly (no time floor), so where the marks fall follows from the tokens."""
     return WorkloadConfig(name="prefix", groups=1, siblings=1, max_turns=2, seed=WORKLOAD_SEED,
                           environment="workplace", allow_early_submit=False, journal=str(journal),
-                          progress_every_tokens=every,
+                          progress_every_tokens=every, progress_min_interval_ms=0,
                           model=ModelConfig(backend=backend, temperature=0.0, reasoning_tokens=tokens))
 
 
-def overhead_config(journal: Path, backend: str, tokens: int, every: int, rollouts: int, turns: int) -> WorkloadConfig:
+def overhead_config(journal: Path, backend: str, tokens: int, every: int, rollouts: int, turns: int,
+                    interval_ms: float | None = None) -> WorkloadConfig:
+    """The throughput workload; ``interval_ms`` None keeps the workload's default time floor."""
+    floor = {} if interval_ms is None else {"progress_min_interval_ms": interval_ms}
     return WorkloadConfig(name="overhead", groups=1, siblings=rollouts, max_turns=turns, seed=WORKLOAD_SEED,
                           environment="workplace", allow_early_submit=False, journal=str(journal),
-                          progress_every_tokens=every, concurrency=rollouts,
+                          progress_every_tokens=every, concurrency=rollouts, **floor,
                           model=ModelConfig(backend=backend, temperature=0.0, reasoning_tokens=tokens))
+
+
+# The overhead section's variants: (progress_every_tokens is --every, time floor in ms; None: the default)
+VARIANTS = {"off": (False, None), "on": (True, None), "exact": (True, 0.0)}
 
 
 def run_here(config: WorkloadConfig, backend: GenerationBackend, *, resume: bool) -> RunReport:
@@ -274,14 +288,17 @@ def crash_section(tmp: Path, backend_name: str, crashes: int, tokens: int, every
 # -- 2. progress journaling overhead ---------------------------------------------------
 def overhead_section(tmp: Path, backend_name: str, rounds: int, tokens: int, every: int, rollouts: int,
                      turns: int) -> dict:
-    """Output tokens/s of the same rollouts with progress journaled every ``every`` tokens and
-    with it off; both with the turns journaled (file journal, durable commits)."""
+    """Output tokens/s of the same rollouts with progress journaled (``on``: every ``every`` tokens
+    and the workload's default time floor; ``exact``: every ``every`` tokens, no floor) and with it
+    off; all with the turns journaled (file journal, durable commits). The three take turns in
+    each round, the order rotating."""
     backend = build_backend(overhead_config(tmp / "x", backend_name, tokens, every, rollouts, turns))
 
-    def one(name: str, progress: bool) -> tuple[float, float, int]:
+    def one(name: str, variant: str) -> tuple[float, float, int]:
         """(output tokens/s, process CPU seconds per 1k output tokens, progress marks journaled)."""
-        config = overhead_config(tmp / f"{name}-{'on' if progress else 'off'}", backend_name, tokens,
-                                 every if progress else 0, rollouts, turns)
+        progress, interval_ms = VARIANTS[variant]
+        config = overhead_config(tmp / f"{name}-{variant}", backend_name, tokens, every if progress else 0,
+                                 rollouts, turns, interval_ms)
         gc.collect()
         wall, cpu = time.perf_counter(), time.process_time()
         report = run_here(config, backend, resume=False)
@@ -290,33 +307,35 @@ def overhead_section(tmp: Path, backend_name: str, rounds: int, tokens: int, eve
         marks = sum(isinstance(e, ModelCallProgress) for e in journal_events(config)) if progress else 0
         return generated / wall, cpu / generated * 1000, marks
 
-    one("warmup", True)
-    one("warmup", False)
-    pairs, marks = [], 0
+    names = list(VARIANTS)
+    for variant in names:
+        one("warmup", variant)
+    runs: list[dict[str, tuple[float, float, int]]] = []
     for round_ in range(rounds):
-        order = (False, True) if round_ % 2 == 0 else (True, False)
-        result = {progress: one(f"r{round_}", progress) for progress in order}
-        pairs.append((result[True], result[False]))
-        marks = result[True][2]
-        log(f"  overhead round {round_ + 1}/{rounds}: progress on {result[True][0]:.0f} tok/s "
-            f"({result[True][1]:.2f} CPU s per 1k tokens), off {result[False][0]:.0f} tok/s "
-            f"({result[False][1]:.2f})")
-    overheads = [1 - on[0] / off[0] for on, off in pairs]
-    cpu_overheads = [on[1] / off[1] - 1 for on, off in pairs]
-    low, high = bootstrap_median_interval(overheads)
-    cpu_low, cpu_high = bootstrap_median_interval(cpu_overheads)
-    return {
-        "progress_overhead": round(median(overheads), 4),
-        "progress_overhead_90ci": [round(low, 4), round(high, 4)],
-        "progress_overhead_rounds": [round(o, 4) for o in overheads],
-        "progress_cpu_overhead": round(median(cpu_overheads), 4),
-        "progress_cpu_overhead_90ci": [round(cpu_low, 4), round(cpu_high, 4)],
-        "tokens_per_s_progress_on": round(median([on[0] for on, _ in pairs]), 1),
-        "tokens_per_s_progress_off": round(median([off[0] for _, off in pairs]), 1),
-        "overhead_rounds": rounds,
-        "progress_marks_per_run": marks,
-        "overhead_workload": {"rollouts": rollouts, "turns": turns, "reasoning_tokens": tokens},
-    }
+        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        runs.append({variant: one(f"r{round_}", variant) for variant in order})
+        log(f"  overhead round {round_ + 1}/{rounds}: " + ", ".join(
+            f"{v} {runs[-1][v][0]:.0f} tok/s ({runs[-1][v][1]:.2f} CPU s per 1k tokens)" for v in names))
+    report: dict = {"overhead_rounds": rounds,
+                    "overhead_workload": {"rollouts": rollouts, "turns": turns, "reasoning_tokens": tokens,
+                                          "progress_every_tokens": every,
+                                          "progress_min_interval_ms": WorkloadConfig.model_fields[
+                                              "progress_min_interval_ms"].default},
+                    "tokens_per_s_progress_off": round(median([r["off"][0] for r in runs]), 1)}
+    for variant, key in (("on", "progress_overhead"), ("exact", "progress_overhead_every_token_mark")):
+        overheads = [1 - r[variant][0] / r["off"][0] for r in runs]
+        cpu_overheads = [r[variant][1] / r["off"][1] - 1 for r in runs]
+        low, high = bootstrap_median_interval(overheads)
+        cpu_low, cpu_high = bootstrap_median_interval(cpu_overheads)
+        report |= {
+            key: round(median(overheads), 4), f"{key}_90ci": [round(low, 4), round(high, 4)],
+            f"{key}_rounds": [round(o, 4) for o in overheads],
+            f"{key.replace('overhead', 'cpu_overhead')}": round(median(cpu_overheads), 4),
+            f"{key.replace('overhead', 'cpu_overhead')}_90ci": [round(cpu_low, 4), round(cpu_high, 4)],
+            f"tokens_per_s_{variant}": round(median([r[variant][0] for r in runs]), 1),
+            f"progress_marks_per_run_{variant}": runs[-1][variant][2],
+        }
+    return report
 
 
 def summary(report: dict) -> str:
@@ -330,12 +349,13 @@ def summary(report: dict) -> str:
             f"{report['tokens_regenerated_without_prefix']} without; continued output equal to the "
             f"uninterrupted one: {report['continued_equals_uninterrupted']}")
     if "progress_overhead" in report:
-        low, high = report["progress_overhead_90ci"]
-        lines.append(f"progress journaling overhead on generation throughput: {report['progress_overhead']:.1%} "
-                     f"(90% interval {low:.1%} to {high:.1%}; {report['tokens_per_s_progress_on']} vs "
-                     f"{report['tokens_per_s_progress_off']} tok/s); CPU per token "
-                     f"{report['progress_cpu_overhead']:+.1%} (90% interval {report['progress_cpu_overhead_90ci'][0]:.1%} "
-                     f"to {report['progress_cpu_overhead_90ci'][1]:.1%})")
+        for key, what in (("progress_overhead", "default time floor"),
+                          ("progress_overhead_every_token_mark", "a mark every --every tokens exactly")):
+            low, high = report[f"{key}_90ci"]
+            cpu = key.replace("overhead", "cpu_overhead")
+            lines.append(f"progress journaling overhead on generation throughput ({what}): {report[key]:.1%} "
+                         f"(90% interval {low:.1%} to {high:.1%}); CPU per token {report[cpu]:+.1%} "
+                         f"(90% interval {report[cpu + '_90ci'][0]:.1%} to {report[cpu + '_90ci'][1]:.1%})")
     return "\n".join(lines)
 
 

@@ -361,7 +361,8 @@ class Agent:
         call = await self.model.call(state, prompt, params, constraint,
                                      f"{rollout_id}/a{state.attempt}/t{turn}/c{call_index}", writer=self.writer,
                                      call_index=call_index, on_progress=progress if journals_progress else None,
-                                     progress_every=self.config.progress_every_tokens)
+                                     progress_every=self.config.progress_every_tokens,
+                                     progress_interval_s=self.config.progress_min_interval_ms / 1000.0)
         if call.replayed:
             return call
         self._applied(state, call.event, events)

@@ -14,7 +14,9 @@ they had once the gate opens again.
 
 Recovery inside a call: a call given ``progress_every`` tokens reports its progress
 as ``ModelCallProgress`` events every that many tokens (the agent applies and
-journals them). A later attempt that finds progress of the same call (same turn,
+journals them), and no more often than every ``progress_interval_s``: a mark costs
+the same whatever it covers, what a crash loses is generation time, so a fast model
+marks every so many milliseconds rather than every so many tokens. A later attempt that finds progress of the same call (same turn,
 place in the turn and prompt) in the journal continues from those tokens instead
 of generating them again, and the ``ModelCall`` it writes names, token run by token
 run, which attempt and policy version generated them (``segments``).
@@ -125,14 +127,16 @@ class ModelParticipant:
 
     async def call(self, state: RolloutState, prompt: np.ndarray, params: SamplingParams,
                    constraint: TokenConstraint | None, call_id: str, *, writer: str, call_index: int = 0,
-                   on_progress: ProgressSink | None = None, progress_every: int = 0) -> ModelCallResult:
+                   on_progress: ProgressSink | None = None, progress_every: int = 0,
+                   progress_interval_s: float = 0.0) -> ModelCallResult:
         """The call at ``call_index`` of the rollout's turn under way, described as a lineage
         event whose parent is the state's head.
 
         If the journal already holds this call (made durable before its tool call), it is
         replayed, not generated again. If it holds progress of it, generation continues from
         there. With ``on_progress`` and ``progress_every`` > 0, an unconstrained call reports
-        a ``ModelCallProgress`` every ``progress_every`` new tokens; the callback applies and
+        a ``ModelCallProgress`` every ``progress_every`` new tokens, at least ``progress_interval_s``
+        after the call's previous one (or its start); the callback applies and
         journals it. The state is otherwise only read: applying the returned event moves its head.
         """
         journaled = state.journaled_call(call_index)
@@ -151,6 +155,7 @@ class ModelParticipant:
         new_ids: list[np.ndarray] = []
         new_logprobs: list[np.ndarray] = []
         finish: str | None = None
+        marks = _MarkClock(progress_interval_s)
         while finish is None:
             ticket = await self.gate.admit()
             started = time.perf_counter()
@@ -161,10 +166,13 @@ class ModelParticipant:
                     new_ids.append(chunk.ids)
                     new_logprobs.append(chunk.logprobs)
                     finish = chunk.finish_reason
-                    if every and finish is None:
-                        journaled_tokens = self._progress(state, writer, call_id, call_index, prompt_sha,
-                                                          prefix_ids, prefix_logprobs, new_ids, new_logprobs,
-                                                          journaled_tokens, every, on_progress)
+                    if every and finish is None and marks.due():
+                        journaled = self._progress(state, writer, call_id, call_index, prompt_sha,
+                                                   prefix_ids, prefix_logprobs, new_ids, new_logprobs,
+                                                   journaled_tokens, every, on_progress)
+                        if journaled != journaled_tokens:
+                            journaled_tokens = journaled
+                            marks.marked()
             except CallAborted:
                 if not resumable:  # start over once the gate opens: only the journaled prefix is kept
                     new_ids, new_logprobs = [], []
@@ -233,6 +241,20 @@ class ModelParticipant:
                 step.cancel()  # the stream's generator must be suspended before it can be closed
                 await asyncio.gather(step, return_exceptions=True)
             await stream.aclose()
+
+
+class _MarkClock:
+    """When a call's next progress mark may be written: ``interval_s`` after its last (or its start)."""
+
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._last = time.monotonic()
+
+    def due(self) -> bool:
+        return self.interval_s <= 0 or time.monotonic() - self._last >= self.interval_s
+
+    def marked(self) -> None:
+        self._last = time.monotonic()
 
 
 def _joined(prefix: np.ndarray, chunks: list[np.ndarray]) -> np.ndarray:

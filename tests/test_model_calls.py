@@ -158,3 +158,67 @@ def test_a_slow_server_does_not_serialize_the_rollouts(tmp_path: Path) -> None:
 
     asyncio.run(scenario())
     assert peak == 12
+
+
+class PacedPolicy:
+    """The torch backend streaming a chunk every ``pause_s`` at most: a model server's pace."""
+
+    deterministic = True
+    resumes_constrained = True
+
+    def __init__(self, pause_s: float) -> None:
+        self.inner = TorchPolicy(tiny_model_dir())
+        self.tokenizer, self.policy_version = self.inner.tokenizer, self.inner.policy_version
+        self.pause_s = pause_s
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        async for chunk in self.inner.stream(request):
+            await asyncio.sleep(self.pause_s)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def progress_marks(interval_s: float, pause_s: float = 0.01) -> list[tuple[float, int, int]]:
+    """(when, start, end) of each progress mark of one 160-token free-form call, a mark due every 16 tokens."""
+    from journal.events import AttemptStarted, Header
+    from participants.model import ModelParticipant
+    from participants.rollout_state import RolloutState
+
+    backend = PacedPolicy(pause_s)
+    state = RolloutState("pm-g0-s0", "pm-g0")
+    state.apply(AttemptStarted(Header("pm-g0-s0", "pm-g0", 1, 1, 0, 0, 0, "test"), 0, "topology", "new"))
+    prompt = backend.tokenizer.encode("Write a long report on the quarterly numbers.")
+    marks: list[tuple[float, int, int]] = []
+
+    def on_progress(event) -> None:
+        import time
+
+        marks.append((time.monotonic(), event.start, event.start + len(event.output_ids)))
+        state.apply(event)
+
+    async def call() -> None:
+        try:
+            await ModelParticipant(backend).call(state, prompt, SamplingParams(0.0, 1.0, 160, 1), None, "pm/c0",
+                                                 writer="test", on_progress=on_progress, progress_every=16,
+                                                 progress_interval_s=interval_s)
+        finally:
+            await backend.aclose()
+
+    asyncio.run(call())
+    return marks
+
+
+def test_progress_marks_come_every_n_tokens_and_no_sooner_than_the_floor() -> None:
+    """Without a floor a mark follows every 16 tokens; with one, marks still end on a 16-token
+    boundary (all tokens since the last mark), never sooner than the floor after the last; with a
+    floor longer than the call, none."""
+    exact = progress_marks(0.0)
+    assert [end for _, _, end in exact] == list(range(16, 16 * (len(exact) + 1), 16)) and len(exact) >= 5
+    floored = progress_marks(0.05)
+    assert len(floored) <= len(exact)  # how many depends on the machine's pace; their spacing does not
+    assert all(end % 16 == 0 for _, _, end in floored)
+    assert all(start == previous_end for (_, start, _), (_, _, previous_end) in zip(floored[1:], floored))
+    assert all(later - earlier >= 0.05 for (earlier, _, _), (later, _, _) in zip(floored, floored[1:]))
+    assert progress_marks(3600.0) == []
