@@ -167,11 +167,11 @@ class ModelParticipant:
                     new_logprobs.append(chunk.logprobs)
                     finish = chunk.finish_reason
                     if every and finish is None and marks.due():
-                        journaled = self._progress(state, writer, call_id, call_index, prompt_sha,
+                        marked_to = self._progress(state, writer, call_id, call_index, prompt_sha,
                                                    prefix_ids, prefix_logprobs, new_ids, new_logprobs,
                                                    journaled_tokens, every, on_progress)
-                        if journaled != journaled_tokens:
-                            journaled_tokens = journaled
+                        if marked_to != journaled_tokens:
+                            journaled_tokens = marked_to
                             marks.marked()
             except CallAborted:
                 if not resumable:  # start over once the gate opens: only the journaled prefix is kept
@@ -179,6 +179,13 @@ class ModelParticipant:
             finally:
                 self.gate.release(ticket)
             if finish is None:  # aborted: continue from everything generated so far
+                if every:  # mark what the time floor held back: the checkpoint's pause can be long
+                    marked_to = self._progress(state, writer, call_id, call_index, prompt_sha, prefix_ids,
+                                               prefix_logprobs, new_ids, new_logprobs, journaled_tokens, 1,
+                                               on_progress)
+                    if marked_to != journaled_tokens:
+                        journaled_tokens = marked_to
+                        marks.marked()
                 prefix_ids, prefix_logprobs = _joined(prefix_ids, new_ids), _joined(prefix_logprobs, new_logprobs)
                 segments = _extended(segments, state.attempt, self.backend.policy_version,
                                      sum(len(c) for c in new_ids))

@@ -222,3 +222,69 @@ def test_progress_marks_come_every_n_tokens_and_no_sooner_than_the_floor() -> No
     assert all(start == previous_end for (_, start, _), (_, _, previous_end) in zip(floored[1:], floored))
     assert all(later - earlier >= 0.05 for (earlier, _, _), (later, _, _) in zip(floored, floored[1:]))
     assert progress_marks(3600.0) == []
+
+
+class CountingServer:
+    """A stand-in model server: token i is i, a chunk of ``chunk_tokens`` every ``pause_s``."""
+
+    deterministic = True
+    resumes_constrained = True
+    policy_version = "counting-v1"
+
+    def __init__(self, pause_s: float) -> None:
+        self.pause_s = pause_s
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        import numpy as np
+
+        position, size = len(request.prefix_ids), request.chunk_tokens or 1
+        while position < request.params.max_tokens:
+            await asyncio.sleep(self.pause_s)
+            end = min(position + size, request.params.max_tokens)
+            yield TokenChunk(np.arange(position, end, dtype=np.int32), np.zeros(end - position, dtype=np.float32),
+                             "length" if end == request.params.max_tokens else None)
+            position = end
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_an_aborted_call_journals_its_unmarked_tokens_before_it_waits() -> None:
+    """A call the gate aborts while the time floor holds its next mark back journals the tokens
+    it has before it waits out the checkpoint: a crash during the pause loses none of them, and
+    no mark spans the abort (one mark names one policy version for all its tokens)."""
+    import numpy as np
+
+    from journal.events import AttemptStarted, Header
+    from participants.model import ModelParticipant
+    from participants.rollout_state import RolloutState
+
+    state = RolloutState("ab-g0-s0", "ab-g0")
+    state.apply(AttemptStarted(Header("ab-g0-s0", "ab-g0", 1, 1, 0, 0, 0, "test"), 0, "topology", "new"))
+    model = ModelParticipant(CountingServer(0.005))
+    marks: list[tuple[int, int]] = []
+
+    def on_progress(event) -> None:
+        marks.append((event.start, event.start + len(event.output_ids)))
+        state.apply(event)
+
+    async def scenario() -> tuple[list[tuple[int, int]], np.ndarray]:
+        call = asyncio.create_task(model.call(
+            state, np.arange(8, dtype=np.int32), SamplingParams(0.0, 1.0, 160, 1), None, "ab/c0", writer="test",
+            on_progress=on_progress, progress_every=16, progress_interval_s=3600.0))
+        await asyncio.sleep(0.05)  # several chunks streamed, none marked (the floor holds them back)
+        assert model.gate.in_flight == 1 and marks == []
+        model.gate.close()
+        assert model.gate.abort_in_flight() == 1
+        await model.gate.drained()
+        await asyncio.sleep(0.02)
+        during_pause = list(marks)
+        model.gate.open()
+        result = await call
+        return during_pause, result.event.output_ids
+
+    during_pause, output = asyncio.run(scenario())
+    assert np.array_equal(output, np.arange(160))
+    assert len(during_pause) == 1 and during_pause[0][0] == 0 and during_pause[0][1] >= 32
+    assert all(start == end for (_, end), (start, _) in zip(marks, marks[1:]))  # contiguous
+    assert np.array_equal(state.partial.output_ids, np.arange(marks[-1][1]))
