@@ -195,7 +195,7 @@ class WorkloadConfig(BaseModel):
     progress_every_tokens: int = Field(32, ge=0, description="journal a free-form model call's progress every this "
                                        "many tokens, so a crash in the middle of a long generation continues it "
                                        "from there (0: off)")
-    progress_min_interval_ms: float = Field(50.0, ge=0.0, description="and no more often than every this many "
+    progress_min_interval_ms: float = Field(50.0, ge=0.0, allow_inf_nan=False, description="and no more often than every this many "
                                             "milliseconds: a mark costs the same whatever it covers, and what a crash "
                                             "loses is generation time; a fast model (a small one, a GPU) marks by "
                                             "time, a slow one by tokens (0: every progress_every_tokens exactly)")

@@ -288,3 +288,14 @@ def test_an_aborted_call_journals_its_unmarked_tokens_before_it_waits() -> None:
     assert len(during_pause) == 1 and during_pause[0][0] == 0 and during_pause[0][1] >= 32
     assert all(start == end for (_, end), (start, _) in zip(marks, marks[1:]))  # contiguous
     assert np.array_equal(state.partial.output_ids, np.arange(marks[-1][1]))
+
+
+def test_an_infinite_time_floor_is_refused_not_a_silent_off_switch() -> None:
+    """``progress_min_interval_ms: .inf`` would never let a mark through while
+    ``progress_every_tokens`` says progress is journaled: the config refuses it."""
+    import pytest
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="progress_min_interval_ms"):
+        WorkloadConfig(name="floor", progress_min_interval_ms=float("inf"))
+    assert WorkloadConfig(name="floor", progress_min_interval_ms=0).progress_min_interval_ms == 0
