@@ -6,7 +6,8 @@ choosing a tool call, the tool call on the environment's resources, then
 ``RolloutFinished`` and the rollout's ``TrainingRecord`` for the trainer on the
 last turn) is appended to the journal atomically.
 Two things are journaled earlier, on their own: the progress of a long free-form
-call (``ModelCallProgress`` every ``progress_every_tokens``), and, with a backend
+call (``ModelCallProgress`` every ``progress_every_tokens``, no sooner than
+``progress_min_interval_ms`` after the last), and, with a backend
 that is not bit-deterministic, each model call before its tool call (see
 ``Agent.model_call``), so that a redone turn replays the call the resources saw.
 
@@ -344,7 +345,7 @@ class Agent:
         """The turn's call at ``call_index``, applied to the state and collected in ``events``.
 
         Its progress (a free-form call) is journaled every ``progress_every_tokens`` as it
-        streams. With ``durable_calls``, the call is made durable (with the turn's events so
+        streams, no sooner than ``progress_min_interval_ms`` after the call's last mark. With ``durable_calls``, the call is made durable (with the turn's events so
         far) before it returns, i.e. before its tool call. A call the journal already holds
         for this turn is replayed from it: nothing is generated, nothing journaled again."""
         state = live.state

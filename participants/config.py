@@ -195,10 +195,12 @@ class WorkloadConfig(BaseModel):
     progress_every_tokens: int = Field(32, ge=0, description="journal a free-form model call's progress every this "
                                        "many tokens, so a crash in the middle of a long generation continues it "
                                        "from there (0: off)")
-    progress_min_interval_ms: float = Field(50.0, ge=0.0, allow_inf_nan=False, description="and no more often than every this many "
-                                            "milliseconds: a mark costs the same whatever it covers, and what a crash "
-                                            "loses is generation time; a fast model (a small one, a GPU) marks by "
-                                            "time, a slow one by tokens (0: every progress_every_tokens exactly)")
+    progress_min_interval_ms: float = Field(
+        50.0, ge=0.0, allow_inf_nan=False,
+        description="no progress mark sooner than this many milliseconds after the call's last one: a mark costs "
+                    "the same whatever it covers, and what a crash loses is generation time; a fast model (a small "
+                    "one, a GPU) is marked by time, a slow one every progress_every_tokens (0: every "
+                    "progress_every_tokens exactly)")
     durable_model_calls: Literal["auto", "always", "never"] = Field(
         "auto", description="journal each model call before its tool call, so a redone turn replays the journaled "
                             "call instead of sampling another action under the same idempotency keys; auto: when the "

@@ -251,17 +251,20 @@ class ModelParticipant:
 
 
 class _MarkClock:
-    """When a call's next progress mark may be written: ``interval_s`` after its last (or its start)."""
+    """When a call's next progress mark may be written: ``interval_s`` after its last (or its
+    start), both timed when their chunk arrived, so the time a mark takes to write does not
+    push the next one back."""
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s = interval_s
-        self._last = time.monotonic()
+        self._last = self._asked = time.monotonic()
 
     def due(self) -> bool:
-        return self.interval_s <= 0 or time.monotonic() - self._last >= self.interval_s
+        self._asked = time.monotonic()
+        return self.interval_s <= 0 or self._asked - self._last >= self.interval_s
 
     def marked(self) -> None:
-        self._last = time.monotonic()
+        self._last = self._asked
 
 
 def _joined(prefix: np.ndarray, chunks: list[np.ndarray]) -> np.ndarray:
