@@ -8,9 +8,12 @@
    (the model stops the first after some 30 tokens; the second runs the full length), runs in
    a child process; the child is SIGKILLed at a random point of a call (seeded: a token
    position drawn uniformly over the calls, after the first progress mark and before the
-   call's last token), then the workload is resumed here. Every crash point is used twice, in the same run: with prefix
-   recovery (``progress_every_tokens=--every``: ModelCallProgress journaled every that many
-   tokens) and without it (``progress_every_tokens=0``: the call starts over).
+   call's last token), then the workload is resumed here. Every crash point is used three
+   times in the same run: with prefix recovery (``progress_every_tokens=--every``:
+   ModelCallProgress journaled every that many tokens exactly), with the default marks (the
+   same and the workload's time floor between marks: ``tokens_regenerated_default_marks``,
+   what a user's run regenerates) and without it (``progress_every_tokens=0``: the call
+   starts over).
 
    How far the killed call had got is not read from the journal, whose figure is what is
    judged: the child's backend writes, for every token it streams, the call's position to a
@@ -86,12 +89,15 @@ def log(message: str) -> None:
 WORKLOAD_SEED = 3
 
 
-def crash_config(journal: Path, backend: str, tokens: int, every: int) -> WorkloadConfig:
-    """One rollout, two turns; each a greedy free-form call, then the tool call. A mark every
-    ``every`` tokens exactly (no time floor), so where the marks fall follows from the tokens."""
+def crash_config(journal: Path, backend: str, tokens: int, every: int,
+                 interval_ms: float | None = 0.0) -> WorkloadConfig:
+    """One rollout, two turns; each a greedy free-form call, then the tool call. By default a mark
+    every ``every`` tokens exactly (no time floor), so where the marks fall follows from the
+    tokens; ``interval_ms`` None keeps the workload's default floor."""
+    floor = {} if interval_ms is None else {"progress_min_interval_ms": interval_ms}
     return WorkloadConfig(name="prefix", groups=1, siblings=1, max_turns=2, seed=WORKLOAD_SEED,
                           environment="workplace", allow_early_submit=False, journal=str(journal),
-                          progress_every_tokens=every, progress_min_interval_ms=0,
+                          progress_every_tokens=every, **floor,
                           model=ModelConfig(backend=backend, temperature=0.0, reasoning_tokens=tokens))
 
 
@@ -258,11 +264,13 @@ def crash_section(tmp: Path, backend_name: str, crashes: int, tokens: int, every
     rng = random.Random(seed)
     targets = [rng.choice(points) for _ in range(crashes)]
     timeout_s = 600.0
-    modes = {"with_prefix": every, "without_prefix": 0}
+    # with_prefix: a mark every `every` tokens exactly, the mechanism judged; default_marks: the
+    # workload's default time floor too, what a user's run regenerates; without_prefix: no marks
+    modes = {"with_prefix": (every, 0.0), "default_marks": (every, None), "without_prefix": (0, 0.0)}
     trials: dict[str, list[dict]] = {mode: [] for mode in modes}
     for i, (turn, target) in enumerate(targets):
-        for mode, mode_every in modes.items():
-            config = crash_config(tmp / f"{mode}-{i}", backend_name, tokens, mode_every)
+        for mode, (mode_every, interval_ms) in modes.items():
+            config = crash_config(tmp / f"{mode}-{i}", backend_name, tokens, mode_every, interval_ms)
             trial = crash_trial(tmp, config, backend, turn, target, reference, timeout_s)
             trials[mode].append(trial)
             log(f"  crash {i + 1}/{crashes} {mode}: killed at token {trial['tokens_at_crash']} of turn {turn}'s "
@@ -278,9 +286,11 @@ def crash_section(tmp: Path, backend_name: str, crashes: int, tokens: int, every
         "tokens_journaled_at_crash": sum(t["journaled_at_crash"] for t in with_prefix),
         "tokens_regenerated_with_prefix": sum(t["regenerated"] for t in with_prefix),
         "tokens_regenerated_without_prefix": sum(t["regenerated"] for t in without),
+        "tokens_regenerated_default_marks": sum(t["regenerated"] for t in trials["default_marks"]),
+        "tokens_at_crash_default_marks": sum(t["tokens_at_crash"] for t in trials["default_marks"]),
         "tokens_after_last_mark": sum(t["after_last_mark"] for t in with_prefix),
         "only_tokens_after_last_mark": all(t["regenerated"] <= t["after_last_mark"] for t in with_prefix),
-        "continued_equals_uninterrupted": all(t["equals_uninterrupted"] for t in with_prefix + without),
+        "continued_equals_uninterrupted": all(t["equals_uninterrupted"] for ts in trials.values() for t in ts),
         "trials": trials,
     }
 
@@ -346,7 +356,8 @@ def summary(report: dict) -> str:
             f"({report['tokens_at_crash']} tokens generated before the kills): regenerated "
             f"{report['tokens_regenerated_with_prefix']} with prefix recovery (every "
             f"{report['progress_every_tokens']}; {report['tokens_after_last_mark']} after the last marks), "
-            f"{report['tokens_regenerated_without_prefix']} without; continued output equal to the "
+            f"{report['tokens_regenerated_without_prefix']} without, {report['tokens_regenerated_default_marks']} "
+            f"with the default marks (a time floor too); continued output equal to the "
             f"uninterrupted one: {report['continued_equals_uninterrupted']}")
     if "progress_overhead" in report:
         for key, what in (("progress_overhead", "default time floor"),
