@@ -22,40 +22,35 @@ log = logging.getLogger(__name__)
 client_log = logging.getLogger("journal.kafka.librdkafka")
 
 
-class _FencingIsATakeover(logging.Filter):
-    """librdkafka logs a fenced producer at ERROR and CRITICAL ("fenced by a newer instance",
-    "operation with an old epoch"). Here that is another process taking over the slot, raised
-    once as ``ProducerFencedError``; its log lines are demoted to INFO. So are its lines about a
-    broker it cannot connect to: a broker down is retried, and where it costs an operation that
-    operation's error names the cluster (``ClusterUnreachableError``, a timeout), once."""
-
-    _SIGNS = ("fenced by a newer instance", "operation with an old epoch", "Connect to ", "Connection refused",
-              "brokers are down", "Disconnected")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.INFO and any(sign in record.getMessage() for sign in self._SIGNS):
-            record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
-            return client_log.isEnabledFor(logging.INFO)
-        return True
-
-
-class _RefusalIsRaised(logging.Filter):
-    """librdkafka logs a refused login or operation at ERROR and CRITICAL, once per retry. The
-    backend raises it once, as ``AuthenticationFailedError`` or ``NotAuthorizedError`` naming the
-    resource (:mod:`journal.kafka_access`); its log lines are demoted to INFO, so a command line
+class _DemotedToInfo(logging.Filter):
+    """librdkafka lines that carry no news for whoever reads the log at WARNING: each names a
+    condition the backend raises once, in one line of its own, or one that librdkafka retries
+    and that surfaces as an error only if the retries fail. Demoted to INFO, so a command line
     prints one line, not twenty."""
 
-    _SIGNS = ("authorization failed", "Authorization failed", "SASL authentication error", "Authentication failed")
+    def __init__(self, signs: tuple[str, ...]) -> None:
+        super().__init__()
+        self.signs = signs
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno > logging.INFO and any(sign in record.getMessage() for sign in self._SIGNS):
+        if record.levelno > logging.INFO and any(sign in record.getMessage() for sign in self.signs):
             record.levelno, record.levelname = logging.INFO, logging.getLevelName(logging.INFO)
             return client_log.isEnabledFor(logging.INFO)
         return True
 
 
-client_log.addFilter(_FencingIsATakeover())
-client_log.addFilter(_RefusalIsRaised())
+# A fenced producer ("fenced by a newer instance", "operation with an old epoch"): another process
+# took over the slot, raised once as ``ProducerFencedError``. A broker it cannot connect to: retried,
+# and where it costs an operation, that operation's error names the cluster (``ClusterUnreachableError``).
+client_log.addFilter(_DemotedToInfo(("fenced by a newer instance", "operation with an old epoch", "Connect to ",
+                                     "Connection refused", "brokers are down", "Disconnected")))
+# A refused login or operation, logged once per retry: raised once as ``AuthenticationFailedError`` or
+# ``NotAuthorizedError`` naming the resource (:mod:`journal.kafka_access`).
+client_log.addFilter(_DemotedToInfo(("authorization failed", "Authorization failed", "SASL authentication error",
+                                     "Authentication failed")))
+# What librdkafka says it is retrying ("Coordinator load in progress: retrying" while a broker loads
+# its transaction log): it either succeeds, or the operation fails and its error says why.
+client_log.addFilter(_DemotedToInfo((": retrying",)))
 
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 # The cluster refused the credentials themselves (journal.kafka_access turns them into one line).

@@ -742,3 +742,20 @@ def test_topic_listed_leaves_an_unanswered_question_to_the_caller(backend: Kafka
     nobody = AdminClient({"bootstrap.servers": "127.0.0.1:9", "socket.connection.setup.timeout.ms": 1000})
     assert topic_listed(nobody, backend.events_topic, 1, unsure=True) is True
     assert topic_listed(nobody, backend.events_topic, 1, unsure=False) is False
+
+
+@pytest.mark.parametrize("line, level", [
+    ("GETPID [p#producer-2] [thrd:main]: Failed to acquire transactional PID from broker TxnCoordinator/1: "
+     "Broker: Coordinator load in progress: retrying", logging.INFO),
+    ("FENCED [p#producer-1]: Producer fenced by a newer instance", logging.INFO),
+    ("MAXPOLL [c#consumer-1]: Application maximum poll interval exceeded", logging.WARNING),
+], ids=["retried", "fenced", "news"])
+def test_librdkafka_lines_that_carry_no_news_are_demoted(line: str, level: int, caplog) -> None:
+    """A line librdkafka retries (a transaction coordinator still loading), or one the backend
+    raises once itself (a fencing), is INFO: a process that loses its slot prints one line, not
+    a warning before it (seen in the racing-resumes test under load). Other warnings stay."""
+    from journal.kafka_clients import client_log
+
+    caplog.set_level(logging.INFO, logger=client_log.name)
+    client_log.warning("%s", line)
+    assert [r.levelno for r in caplog.records if r.name == client_log.name] == [level]
