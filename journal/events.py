@@ -15,6 +15,16 @@ from typing import ClassVar, Union
 import numpy as np
 
 
+def _fields_equal(a: object, b: object) -> bool:
+    """Field by field, packed arrays (fields with a ``dtype``) by value: a record holding token
+    arrays equals another holding the same tokens."""
+    return all(
+        np.array_equal(getattr(a, f.name), getattr(b, f.name)) if "dtype" in f.metadata
+        else getattr(a, f.name) == getattr(b, f.name)
+        for f in dataclasses.fields(a)  # type: ignore[arg-type]
+    )
+
+
 @dataclass(frozen=True)
 class Header:
     rollout_id: str
@@ -106,14 +116,7 @@ class ModelCall:
         return list(self.segments) or [OutputSegment(self.header.attempt, self.policy_version, len(self.output_ids))]
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ModelCall):
-            return NotImplemented
-        return all(
-            np.array_equal(getattr(self, f.name), getattr(other, f.name))
-            if "dtype" in f.metadata
-            else getattr(self, f.name) == getattr(other, f.name)
-            for f in dataclasses.fields(self)
-        )
+        return _fields_equal(self, other) if isinstance(other, ModelCall) else NotImplemented
 
 
 @dataclass(frozen=True, eq=False)
@@ -131,14 +134,7 @@ class ModelCallProgress:
     logprobs: np.ndarray = field(metadata={"dtype": "<f4"})
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, ModelCallProgress):
-            return NotImplemented
-        return all(
-            np.array_equal(getattr(self, f.name), getattr(other, f.name))
-            if "dtype" in f.metadata
-            else getattr(self, f.name) == getattr(other, f.name)
-            for f in dataclasses.fields(self)
-        )
+        return _fields_equal(self, other) if isinstance(other, ModelCallProgress) else NotImplemented
 
 
 @dataclass(frozen=True)
@@ -370,14 +366,7 @@ class TrainingRecord:
         }
 
     def __eq__(self, other: object) -> bool:
-        if not isinstance(other, TrainingRecord):
-            return NotImplemented
-        return all(
-            np.array_equal(getattr(self, f.name), getattr(other, f.name))
-            if "dtype" in f.metadata
-            else getattr(self, f.name) == getattr(other, f.name)
-            for f in dataclasses.fields(self)
-        )
+        return _fields_equal(self, other) if isinstance(other, TrainingRecord) else NotImplemented
 
 
 RolloutEvent = Union[
