@@ -119,13 +119,14 @@ def list_rollouts(source: ReplaySource, where: RolloutFilter = RolloutFilter(),
     The default is this process alone: workers are spawned interpreters, which re-run a
     calling script that lacks an ``if __name__ == "__main__"`` guard."""
     listing = Listing(source.location)
-    ends = source.end_offsets()
-    jobs = jobs_for(source, jobs, ends)
     rows = None
-    if jobs > 1:
-        scan = PartitionScan(source, partial(_list_partition, projected=projected), jobs, ends)
-        source.journal.note_damage(listing.report)  # first, as a serial scan notes it
-        rows = _merged(scan.run(progress), listing)
+    if jobs != 1:  # (one process asks for the partitions' ends itself, as its scan starts)
+        ends = source.end_offsets()
+        workers = jobs_for(source, jobs, ends)
+        if workers > 1:
+            scan = PartitionScan(source, partial(_list_partition, projected=projected), workers, ends)
+            source.journal.note_damage(listing.report)  # first, as a serial scan notes it
+            rows = _merged(scan.run(progress), listing)
     if rows is None:  # one process (or a journal whose rollouts straddle partitions: read it as one)
         listing = Listing(source.location)
         rows = {}
