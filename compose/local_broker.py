@@ -29,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from compose.broker_config import (
@@ -137,12 +137,24 @@ def admin_client(bootstrap: str, security: dict[str, str] | None = None) -> Admi
 def describe_partition(
     admin: AdminClient, bootstrap: str, topic: str, partition: int, timeout_s: float = 5.0
 ) -> PartitionState:
-    """Leader, replicas and ISR of ``topic``/``partition`` as metadata reports them (any cluster)."""
-    md = admin.list_topics(topic=topic, timeout=timeout_s)
-    admin.poll(0)
-    meta = md.topics.get(topic)
-    if meta is None or meta.error is not None:
-        raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {meta.error if meta else 'not in metadata'}")
+    """Leader, replicas and ISR of ``topic``/``partition`` as metadata reports them (any cluster).
+
+    The broker that answers may not know a just-created topic yet (each learns of it from the
+    controller in its own time), so "unknown topic" is asked again until ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        md = admin.list_topics(topic=topic, timeout=max(deadline - time.monotonic(), 0.1))
+        admin.poll(0)
+        meta = md.topics.get(topic)
+        error = meta.error if meta is not None else "not in metadata"
+        if meta is not None and meta.error is None:
+            break
+        not_yet = meta is None or meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        if not not_yet:
+            raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {error}")
+        if time.monotonic() >= deadline:
+            raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {error} after {timeout_s} s")
+        time.sleep(0.1)
     part = meta.partitions.get(partition)
     if part is None:
         raise LocalBrokerError(f"topic {topic!r} has no partition {partition}")

@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from compose.broker_daemon import status
 from compose.broker_jars import MissingToolError, ensure_broker_jars
 from compose.cli import register_kafka_commands, run_kafka_command
-from compose.local_broker import BrokerStartError, LocalKafkaCluster, start_local_cluster
+from compose.errors import LocalBrokerError
+from compose.local_broker import (
+    BrokerStartError,
+    LocalKafkaCluster,
+    admin_client,
+    describe_partition,
+    start_local_cluster,
+)
 
 CLIENT_LOG = logging.getLogger("tests.kafka.client")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -171,6 +179,25 @@ def test_kafka_bootstrap_fixture_serves_a_round_trip(kafka_bootstrap: str, kafka
 
 def test_namespaces_differ_between_tests(kafka_namespace: str) -> None:
     assert kafka_namespace.startswith("t") and len(kafka_namespace) == 9
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(60)
+def test_describe_partition_waits_for_a_topic_the_broker_does_not_know_yet(
+    kafka_bootstrap: str, kafka_namespace: str
+) -> None:
+    """On a cluster, the broker that answers may learn of a just-created topic a moment after
+    another one did (CI saw UNKNOWN_TOPIC_OR_PART on a 3-node cluster): that is "not yet", not an error."""
+    topic = f"{kafka_namespace}.late"
+    creator = threading.Timer(1.0, create_topic, (kafka_bootstrap, topic))
+    creator.start()
+    try:
+        state = describe_partition(admin_client(kafka_bootstrap), kafka_bootstrap, topic, 0, timeout_s=30)
+    finally:
+        creator.join()
+    assert state.leader == 1 and state.isr == (1,)
+    with pytest.raises(LocalBrokerError, match=rf"{kafka_namespace}\.never.*UNKNOWN_TOPIC_OR_PART.*after 1\.0 s"):
+        describe_partition(admin_client(kafka_bootstrap), kafka_bootstrap, f"{kafka_namespace}.never", 0, timeout_s=1.0)
 
 
 # --------------------------------------------------------------------------- three nodes
