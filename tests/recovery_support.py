@@ -7,7 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import time
+import threading
 from pathlib import Path
 
 from journal.journal import ReadReport
@@ -28,11 +28,31 @@ def reference_outcomes(config: WorkloadConfig) -> dict[str, dict]:
     return run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False).outcomes()
 
 
-def _child(config_json: str, resume: bool, progress_path: str, environ: dict[str, str]) -> None:
+def _child(config_json: str, resume: bool, progress_path: str, environ: dict[str, str],
+           kill_after_turns: int | None = None, extra_delay_s: float = 0.0) -> None:
+    """Run the workload, appending a line per durable turn to ``progress_path``; with
+    ``kill_after_turns``, SIGKILL this process that many turns later (plus ``extra_delay_s``)."""
     os.environ.update(environ)  # the forkserver's environment is the one it started with
     config = WorkloadConfig.model_validate_json(config_json)
+
+    def arm() -> None:
+        # From another thread: the workload goes on meanwhile, so the kill lands wherever it then is.
+        timer = threading.Timer(extra_delay_s, os.kill, (os.getpid(), signal.SIGKILL))
+        timer.daemon = True  # a workload that ends first exits 0: no kill is reported that did not land
+        timer.start()
+
+    written = 0
+    if kill_after_turns == 0:
+        arm()
     with open(progress_path, "a", buffering=1) as progress:
-        run_workload(config, resume=resume, on_turn=lambda rid, turn: progress.write(f"{rid} {turn}\n"))
+        def on_turn(rid: str, turn: int) -> None:
+            nonlocal written
+            progress.write(f"{rid} {turn}\n")  # line-buffered: on disk before any kill
+            written += 1
+            if written == kill_after_turns:
+                arm()
+
+        run_workload(config, resume=resume, on_turn=on_turn)
 
 
 def committed_by_progress(progress_path: Path) -> dict[str, int]:
@@ -47,25 +67,18 @@ def committed_by_progress(progress_path: Path) -> dict[str, int]:
 
 
 def run_child_and_kill(config: WorkloadConfig, *, resume: bool, kill_after_turns: int, extra_delay_s: float,
-                       progress_path: Path, timeout_s: float = 120.0, environ: dict[str, str] | None = None) -> bool:
-    """Run the workload in a child (with ``environ`` added to its environment); SIGKILL it
+                       progress_path: Path, timeout_s: float = 240.0, environ: dict[str, str] | None = None) -> bool:
+    """Run the workload in a child (with ``environ`` added to its environment), SIGKILLed
     once ``kill_after_turns`` more turns are durable (plus a delay, so the kill lands
-    anywhere). True if it was killed."""
-    before = sum(1 for _ in progress_path.open()) if progress_path.exists() else 0
-    child = _CTX.Process(target=_child, args=(config.model_dump_json(), resume, str(progress_path), environ or {}))
+    anywhere). True if it was killed.
+
+    The child kills itself, counting its own durable turns: a parent polling the progress
+    file, starved of CPU on a loaded machine, can wake to find the child finished all its
+    turns (no crash at all, and tests asserting one fail)."""
+    child = _CTX.Process(target=_child, args=(config.model_dump_json(), resume, str(progress_path), environ or {},
+                                              kill_after_turns, extra_delay_s))
     child.start()
-    deadline = time.monotonic() + timeout_s
     try:
-        while child.is_alive() and time.monotonic() < deadline:
-            lines = sum(1 for _ in progress_path.open()) if progress_path.exists() else 0
-            if lines - before >= kill_after_turns:
-                time.sleep(extra_delay_s)
-                try:
-                    os.kill(child.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass  # it finished first
-                break
-            time.sleep(0.002)
         child.join(timeout_s)
     finally:
         if child.is_alive():
