@@ -203,6 +203,9 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
 # -- a fenced process stops, promptly and clearly --------------------------------------------------
 
 
+# Paced so that no process can finish the workload while the race is on: 400 turns at 250 ms
+# take 100 s or more, while five interpreters starting on a loaded 2-core machine can take
+# many seconds (at 20 ms, 8 s). One that finished first would exit 0 unfenced: a second "survivor".
 RACE_WORKLOAD = """\
 name: race
 groups: 2
@@ -211,7 +214,7 @@ max_turns: 400
 environment: counter
 seed: 3
 allow_early_submit: false
-turn_delay_ms: 20
+turn_delay_ms: 250
 snapshot_every_turns: 2
 journal: {journal}
 writer: slot-0
