@@ -27,6 +27,7 @@ from confluent_kafka.admin import AdminClient
 from compose.broker_image import DockerImageError, docker_cli, image_name, image_status
 from compose.errors import LocalBrokerError
 from compose.local_broker import (
+    DESCRIBE_TIMEOUT_S,
     PartitionState,
     admin_client,
     describe_partition,
@@ -186,10 +187,10 @@ class ComposeKafkaCluster:
             self._admin_client = admin_client(self.bootstrap_servers)
         return self._admin_client
 
-    def describe_partition(self, topic: str, partition: int, timeout_s: float = 5.0) -> PartitionState:
+    def describe_partition(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> PartitionState:
         return describe_partition(self.admin, self.bootstrap_servers, topic, partition, timeout_s)
 
-    def partition_leader(self, topic: str, partition: int, timeout_s: float = 5.0) -> int | None:
+    def partition_leader(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> int | None:
         """Node id leading ``topic``/``partition``, or None while no leader is elected."""
         return self.describe_partition(topic, partition, timeout_s).leader
 

@@ -134,8 +134,14 @@ def admin_client(bootstrap: str, security: dict[str, str] | None = None) -> Admi
     return AdminClient(config)
 
 
+# How long a metadata question may wait for an answer (a broker that knows the topic). Generous:
+# it only bounds a wait that ends as soon as the answer comes, and a 2-core machine running a
+# 3-node cluster, a model engine and browsers may take longer than 5 s to hear of a new topic.
+DESCRIBE_TIMEOUT_S = 30.0
+
+
 def describe_partition(
-    admin: AdminClient, bootstrap: str, topic: str, partition: int, timeout_s: float = 5.0
+    admin: AdminClient, bootstrap: str, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S
 ) -> PartitionState:
     """Leader, replicas and ISR of ``topic``/``partition`` as metadata reports them (any cluster).
 
@@ -253,11 +259,11 @@ class LocalKafkaCluster:
             self._admin_client = admin_client(self.bootstrap_servers, self.admin_security)
         return self._admin_client
 
-    def describe_partition(self, topic: str, partition: int, timeout_s: float = 5.0) -> PartitionState:
+    def describe_partition(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> PartitionState:
         """Leader, replicas and ISR of ``topic``/``partition``; leader is None while none is elected."""
         return describe_partition(self.admin, self.bootstrap_servers, topic, partition, timeout_s)
 
-    def partition_leader(self, topic: str, partition: int, timeout_s: float = 5.0) -> int | None:
+    def partition_leader(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> int | None:
         """Node id leading ``topic``/``partition``, or None while no leader is elected."""
         return self.describe_partition(topic, partition, timeout_s).leader
 
