@@ -174,17 +174,17 @@ def test_an_open_transaction_is_invisible_to_a_reader_until_committed(
 
     # a second writer (its own slot) with an open transaction on the same partition
     other = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-other"})
-    other.init_transactions(30)
+    other.init_transactions(60)
     other.begin_transaction()
     other.produce(backend.events_topic, key=b"r", value=b"pending", partition=partition)
-    other.flush(10)
+    other.flush(60)
 
     with KafkaBackend(settings, transactional=False, create_topics=False) as reader:
         end_before = reader.end_offset(partition)
         assert values(list(reader.read_events(partition))) == [b"committed"]  # a tool reads to the LSO, at once
-        other.commit_transaction(10)
+        other.commit_transaction(60)
         # another writer's commit becomes visible once the broker writes its markers (milliseconds later)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while reader.end_offset(partition) == end_before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert values(list(reader.read_events(partition))) == [b"committed", b"pending"]
@@ -200,20 +200,33 @@ def test_restore_refuses_a_prefix_held_back_by_another_workers_open_transaction(
     with Journal(KafkaBackend(slot("w1"))) as first:
         first.append_sync([started("r", 0), turn_done("r", 1)], SnapshotDraft(header("r", 1, turn=1), "running", 1, b"s"))
     partition = partition_for("r", settings.partitions)
-    other = Producer({"bootstrap.servers": settings.bootstrap_servers, "transactional.id": f"{settings.namespace}.x"})
-    other.init_transactions(30)
+    # X's transaction stays open until the test aborts it, however slow the machine: the broker's
+    # own abort after the default 60 s would let the refused restore through.
+    other = Producer({"bootstrap.servers": settings.bootstrap_servers, "transactional.id": f"{settings.namespace}.x",
+                      "transaction.timeout.ms": 600_000})
+    other.init_transactions(60)
     other.begin_transaction()
     for topic in (settings.events_topic, settings.snapshots_topic):
         other.produce(topic, key=b"q", value=b"worker x, still open", partition=partition)
-    other.flush(10)
+    other.flush(60)
     with Journal(KafkaBackend(slot("w2"))) as second:
         second.append_sync([started("r", 2, attempt=2, epoch=2, turn=1)])
 
     with Journal(KafkaBackend(slot("w3"))) as third:
         with pytest.raises(UnstableReadError, match=rf"partition {partition}: an open transaction holds"):
             load_rollouts(third)
-        other.abort_transaction(10)
-        assert load_rollouts(third).rollouts["r"].fence.epoch == 2
+        other.abort_transaction(60)
+        # abort_transaction returns once the abort is decided; the coordinator writes the partitions'
+        # markers after that, and only then is the read stable (1.5 s may not cover it under load).
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                plan = load_rollouts(third)
+                break
+            except UnstableReadError:
+                if time.monotonic() > deadline:
+                    raise
+        assert plan.rollouts["r"].fence.epoch == 2
 
 
 # -- fencing --------------------------------------------------------------------------------------
