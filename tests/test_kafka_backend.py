@@ -424,7 +424,7 @@ def compacting_settings(bootstrap: str, namespace: str, **overrides: object) -> 
 
 
 def wait_for_compaction(backend: KafkaBackend, compacted: Callable[[dict[str, list[bytes | None]]], bool],
-                        timeout_s: float = 90) -> dict[str, list[bytes | None]]:
+                        timeout_s: float = 150) -> dict[str, list[bytes | None]]:
     """Keep rolling segments until the log cleaner has run as ``compacted`` (values per key) says."""
     # one filler key per partition: a partition's active segment rolls only when it gets an append
     candidates = [f"filler-{i}" for i in range(100)]
@@ -445,6 +445,7 @@ def wait_for_compaction(backend: KafkaBackend, compacted: Callable[[dict[str, li
             pytest.fail(f"compaction not observed within {timeout_s} s: {({k: len(v) for k, v in seen.items()})}")
 
 
+@pytest.mark.timeout(300)  # the cleaner is one thread for every topic of the shared broker: give it time
 def test_the_broker_compacts_snapshots_to_the_latest_value_and_drops_tombstones(
     kafka_bootstrap: str, kafka_namespace: str
 ) -> None:
@@ -469,6 +470,7 @@ def test_the_broker_compacts_snapshots_to_the_latest_value_and_drops_tombstones(
         assert not any(k in seen for k in dropped)
 
 
+@pytest.mark.timeout(300)
 def test_after_the_cleaner_ran_a_corrupt_newest_snapshot_still_falls_back_to_the_previous_one(
     kafka_bootstrap: str, kafka_namespace: str
 ) -> None:
