@@ -257,6 +257,28 @@ def test_workers_end_with_the_process_that_started_them(tmp_path: Path, how: sig
         caller.wait()
 
 
+def sigint_held(source: ReplaySource, partition: int, report: ReadReport, progress: Progress) -> bool:
+    return signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_every_worker_starts_with_ctrl_c_held(tmp_path: Path) -> None:
+    """The first start of a spawn worker launches multiprocessing's resource tracker, which
+    unblocks SIGINT in the starting thread once it runs: the first worker then began its
+    imports open to Ctrl-C (a KeyboardInterrupt traceback, one run in a few of the Ctrl-C test).
+    A fresh interpreter, so that no tracker runs yet, as in the command line."""
+    location = str(tmp_path / "j")
+    write_journal(location, rollouts=1, turns=1)
+    script = ("from replay.source import open_replay; from replay.partition_scan import PartitionScan; "
+              "from tests.test_partition_scan import sigint_held\n"
+              "if __name__ == '__main__':\n"
+              f"    with open_replay({location!r}) as source:\n"
+              "        print([held for _, held, _ in PartitionScan(source, sigint_held, 2, {0: 1, 1: 1}).run()])\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=os.environ | {"PYTHONPATH": str(ROOT)},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[True, True]"
+
+
 def children_of(pid: int) -> list[int]:
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
