@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,25 +18,24 @@ ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "test-token-7f3a9c1e5b2d"  # what these tests' servers and workers share
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class ServerProcess:
-    """``rollout-journal serve-resources`` in a child process, on a fixed port so a restart takes it back."""
+    """``rollout-journal serve-resources`` in a child process. Its first start binds a port the
+    kernel picks (a port picked here and bound later could be taken meanwhile); a restart takes
+    that port back."""
 
-    def __init__(self, environment: str, *, port: int | None = None, faults: bool = False,
-                 pythonpath: list[Path] | None = None) -> None:
+    def __init__(self, environment: str, *, faults: bool = False, pythonpath: list[Path] | None = None) -> None:
         self.environment = environment
-        self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port = 0  # known once started
         self.faults = faults
         self.pythonpath = [ROOT, *(pythonpath or [])]
         self.proc: subprocess.Popen[bytes] | None = None
         self.kills = 0
-        self.log = tempfile.NamedTemporaryFile(prefix=f"resource-server-{self.port}-", suffix=".log")  # its stderr
+        self.log = tempfile.NamedTemporaryFile(prefix=f"resource-server-{environment}-", suffix=".log")  # its stderr
+
+    @property
+    def url(self) -> str:
+        assert self.port, "the server has not started yet"
+        return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ServerProcess:
         command = [sys.executable, "-m", "replay.cli", "serve-resources", "--environment", self.environment,
@@ -52,6 +50,7 @@ class ServerProcess:
             self.proc.kill()
             self.proc.wait(10)
             raise AssertionError(f"resource server for {self.environment} did not start: {line}{self.output()[-2000:]}")
+        self.port = int(line.rsplit(":", 1)[1])  # "serving ENV at http://127.0.0.1:PORT"
         return self
 
     def output(self) -> str:
