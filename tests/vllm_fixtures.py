@@ -39,40 +39,68 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _start_server(env: dict[str, str]) -> tuple[subprocess.Popen, int, Path]:
+    """Start the server on a port free now and wait until it answers: (process, port, its log).
+
+    The port is bound by the server only after it imported vLLM (minutes under load), and
+    meanwhile any outgoing connection on the machine may be given it: a server that exits
+    because its address is in use is started again on another port."""
+    for attempt in range(1, 4):
+        port = _free_port()
+        fd, name = tempfile.mkstemp(prefix="rj-vllm-server-", suffix=".log")
+        os.close(fd)
+        log = Path(name)
+        with log.open("w") as out:
+            server = subprocess.Popen(
+                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir()),
+                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype",
+                 "float32", "--enforce-eager", "--max-model-len", "2048", "--seed", "0"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            _wait_healthy(server, port, log)
+            return server, port, log
+        except RuntimeError:
+            _stop(server)
+            if server.returncode is not None and "Address already in use" in log.read_text() and attempt < 3:
+                log.unlink()
+                continue
+            raise
+    raise AssertionError("unreachable")
+
+
+def _wait_healthy(server: subprocess.Popen, port: int, log: Path) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"vLLM's server exited with {server.returncode}: {log.read_text()[-3000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"vLLM's server not ready in {SERVER_START_TIMEOUT_S} s: {log.read_text()[-3000:]}")
+        time.sleep(1)
+
+
+def _stop(server: subprocess.Popen) -> None:
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGINT)
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+
+
 @pytest.fixture(scope="session")
 def vllm_server() -> Iterator[str]:
     """The server's base URL (``http://127.0.0.1:PORT/v1``)."""
-    port = _free_port()
     env = os.environ | vllm_environment(1.0) | {"OMP_NUM_THREADS": "1"}
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING")  # the server runs its engine core as it likes
-    log = tempfile.NamedTemporaryFile("w+", prefix="rj-vllm-server-", suffix=".log", delete=False)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model_dir()),
-         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-         "--enforce-eager", "--max-model-len", "2048", "--seed", "0"],
-        stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    server, port, log = _start_server(env)
     try:
-        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"vLLM's server exited with {server.returncode}: {Path(log.name).read_text()[-3000:]}")
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM's server not ready in {SERVER_START_TIMEOUT_S} s: "
-                                   f"{Path(log.name).read_text()[-3000:]}")
-            time.sleep(1)
         yield f"http://127.0.0.1:{port}/v1"
     finally:
-        if server.poll() is None:
-            os.killpg(server.pid, signal.SIGINT)
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
-                server.wait()
-        log.close()
-        os.unlink(log.name)
+        _stop(server)
+        log.unlink(missing_ok=True)
