@@ -312,6 +312,38 @@ def start_local_cluster(
     root = Path(tempfile.mkdtemp(prefix="rollout-journal-kafka-")) if data_dir is None else Path(data_dir)
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        try:
+            return _start_once(java, libs, nodes, root, owns, extra_config, ready_timeout_s, detached, sasl)
+        except _PortTaken as taken:
+            if attempt == PORT_ATTEMPTS:
+                if owns:
+                    shutil.rmtree(root, ignore_errors=True)
+                raise taken.error from None
+            log.warning("a port picked for the %d-node cluster was taken before its broker bound it: "
+                        "starting again on other ports", nodes)
+    raise AssertionError("unreachable")
+
+
+# Ports are picked free, but a JVM binds them seconds later; meanwhile another process (any
+# outgoing connection on the machine) may be given one. A start that failed on a taken port
+# is tried again on fresh ports, this many times in all.
+PORT_ATTEMPTS = 3
+
+
+class _PortTaken(Exception):
+    """A broker of this start could not bind its port; ``error`` is what the caller gets if no retry is left."""
+
+    def __init__(self, error: BrokerStartError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _start_once(
+    java: str, libs: Path, nodes: int, root: Path, owns: bool, extra_config: dict[str, str] | None,
+    ready_timeout_s: float, detached: bool, sasl: SaslSecurity | None,
+) -> LocalKafkaCluster:
+    """One try of :func:`start_local_cluster` on freshly picked ports."""
     ports = free_ports(2 * nodes)
     members = [
         LocalKafkaNode(
@@ -326,12 +358,14 @@ def start_local_cluster(
         detached=detached, owns_data_dir=owns, sasl=sasl,
     )
     started = time.monotonic()
+    created: list[Path] = []  # node dirs this try made: removed again if it is tried again
     try:
         for node in members:
             if node.node_dir.exists() and any(node.node_dir.iterdir()):
                 raise BrokerStartError(
                     f"{node.node_dir} already holds files: start_local_cluster needs an empty data dir"
                 )
+            created.append(node.node_dir)
             node.log_dirs.mkdir(parents=True)
             node.logs_dir.mkdir(parents=True)
             write_properties(
@@ -350,8 +384,14 @@ def start_local_cluster(
             expected={n.node_id for n in members}, timeout_s=ready_timeout_s,
             what=f"{nodes}-node cluster", security=cluster.admin_security,
         )
-    except BaseException:
-        cluster.stop(timeout_s=5.0, remove_data=owns)
+    except BaseException as error:
+        cluster.stop(timeout_s=5.0, remove_data=False)  # the logs say why, below
+        if isinstance(error, BrokerStartError) and any(_bind_failed(node) for node in members):
+            for node_dir in created:
+                shutil.rmtree(node_dir, ignore_errors=True)
+            raise _PortTaken(error) from None
+        if owns:
+            shutil.rmtree(root, ignore_errors=True)
         raise
     log.info(
         "Kafka %d-node cluster ready at %s in %.1f s (data in %s%s)",
@@ -359,6 +399,17 @@ def start_local_cluster(
         "" if sasl is None else f"; SASL/SCRAM with ACLs, super user {sasl.admin_user}",
     )
     return cluster
+
+
+def _bind_failed(node: LocalKafkaNode) -> bool:
+    """Whether the node's logs say it could not bind a port (another process holds it)."""
+    for path in (node.console_log, node.server_log):
+        try:
+            if "Address already in use" in path.read_text(errors="replace"):
+                return True
+        except FileNotFoundError:
+            pass
+    return False
 
 
 def free_ports(count: int) -> list[int]:

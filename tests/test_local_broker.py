@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from compose.local_broker import (
     LocalKafkaCluster,
     admin_client,
     describe_partition,
+    free_ports,
     start_local_cluster,
 )
 
@@ -156,6 +158,33 @@ def test_one_node_round_trip_then_stop_leaves_no_process(tmp_path: Path) -> None
     assert broker_pids_using(data_dir) == []
     assert (node.server_log).exists(), "the broker log stays for post-mortems when the caller owns the dir"
     cluster.stop()  # idempotent
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(300)
+def test_a_port_taken_before_the_broker_binds_it_starts_again_on_others(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ports are picked free and bound by the JVM seconds later: another process may take one
+    meanwhile (here a listener on the first port picked). The start goes on other ports."""
+    import compose.local_broker as local_broker
+
+    taken = socket.create_server(("127.0.0.1", 0))
+    picks: list[list[int]] = []
+
+    def first_pick_taken(count: int) -> list[int]:
+        ports = free_ports(count)
+        if not picks:
+            ports[0] = taken.getsockname()[1]
+        picks.append(ports)
+        return ports
+
+    monkeypatch.setattr(local_broker, "free_ports", first_pick_taken)
+    data_dir = tmp_path / "kafka-retry"
+    with taken, start_local_cluster(1, data_dir) as cluster:
+        assert len(picks) == 2 and cluster.nodes[0].port == picks[1][0]
+        assert cluster.nodes[0].is_running()  # and registered: start_local_cluster waited for it
+    assert broker_pids_using(data_dir) == []
 
 
 @pytest.mark.kafka
