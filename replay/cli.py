@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 from collections.abc import Iterable
@@ -65,6 +66,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds (0 or more)")
+    return value
+
+
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("config", help="workload YAML (see examples/demo.yaml)")
     p.add_argument("--journal", help="override the config's journal: a directory or kafka://host:port/namespace")
@@ -72,6 +83,11 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--progress-lines", action="store_true",
                    help="print one machine-readable line per committed turn instead of a progress bar")
     p.add_argument("--json", action="store_true", help="print the run report as JSON")
+    p.add_argument("--crash-after", type=_positive_int, metavar="N",
+                   help="crash drill: SIGKILL this process once N turns are durable (what `demo` does to its "
+                        "child); resume it afterwards")
+    p.add_argument("--crash-delay", type=_seconds, default=0.0, metavar="SECONDS",
+                   help="with --crash-after: kill this long after the Nth turn, wherever the workload then is")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -178,17 +194,25 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
     config = WorkloadConfig.load(args.config, journal=args.journal, writer=args.writer)
     from participants.workload import run_workload
 
+    from .crash import PROGRESS_LINE, SelfKill
+
     total = config.groups * config.siblings * config.max_turns
     override = getattr(args, "allow_topology_change", None)
+    crash = SelfKill(args.crash_after, args.crash_delay) if args.crash_after else None
     if args.progress_lines:
         def on_turn(rollout_id: str, turn: int) -> None:
-            print(f"turn-committed {rollout_id} {turn}", flush=True)
+            print(f"{PROGRESS_LINE} {rollout_id} {turn}", flush=True)
+            if crash is not None:
+                crash.turn_durable()
         report = run_workload(config, resume=resume, on_turn=on_turn, topology_override=override)
     else:
         from tqdm import tqdm
         with tqdm(total=total, unit="turn", desc=config.name, disable=None, file=sys.stderr) as bar:
-            report = run_workload(config, resume=resume, on_turn=lambda rollout_id, turn: bar.update(),
-                                  topology_override=override)
+            def on_turn(rollout_id: str, turn: int) -> None:
+                bar.update()
+                if crash is not None:
+                    crash.turn_durable()
+            report = run_workload(config, resume=resume, on_turn=on_turn, topology_override=override)
     summary = {
         "journal": config.journal,
         "rollouts": len(report.rollouts),

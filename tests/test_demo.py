@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +12,9 @@ import pytest
 
 from participants.config import WorkloadConfig
 from participants.runner import workload_specs
+from replay.crash import PROGRESS_LINE, crash_midway
 from replay.demo import run_demo as run_demo_here
+from replay.redone import workload_at_crash
 
 
 def run_demo(*args: str, cwd: Path) -> dict:
@@ -62,3 +65,36 @@ def test_the_demo_shows_what_a_restart_only_rollout_redid(tmp_path: Path) -> Non
         assert (row["redone_tokens_here"] > 0) == (rid in must_redo), rid
     assert report["turns_redone"] == sum(rows[rid]["turns_at_crash"] for rid in must_redo)
     assert report["identical_to_uninterrupted"] is True
+
+
+def test_a_crash_drill_run_kills_itself_once_its_turns_are_durable(tmp_path: Path) -> None:
+    """``run --crash-after N``: the workload SIGKILLs itself N durable turns in. The kill is armed
+    in the child, so a parent slow to read its progress (a loaded machine) cannot miss the crash
+    point and find the workload finished; every turn it reported durable is in the journal."""
+    config = WorkloadConfig(name="drill", groups=2, siblings=2, max_turns=6, seed=2, allow_early_submit=False,
+                            concurrency=4, turn_delay_ms=0, journal=str(tmp_path / "journal"))
+    config_path = tmp_path / "drill.yaml"
+    config_path.write_text(json.dumps(config.model_dump()))
+    done = subprocess.run([sys.executable, "-m", "replay.cli", "run", str(config_path), "--progress-lines",
+                           "--crash-after", "3"], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-3000:]
+    reported = [line for line in done.stdout.splitlines() if line.startswith(PROGRESS_LINE)]
+    assert len(reported) == 3, "with no --crash-delay the kill lands inside the third turn's report"
+    at_crash = workload_at_crash(config)
+    assert sum(a.turns for a in at_crash.values()) >= 3
+    assert not all(a.finished for a in at_crash.values())
+
+
+def test_crash_midway_counts_every_turn_the_child_reported(tmp_path: Path) -> None:
+    config = WorkloadConfig(name="mid", groups=2, siblings=2, max_turns=6, seed=2, allow_early_submit=False,
+                            concurrency=4, turn_delay_ms=0, journal=str(tmp_path / "journal"))
+    killed_after = crash_midway(config, 5, extra_delay_s=0.05)
+    assert killed_after is not None and killed_after >= 5
+    assert sum(a.turns for a in workload_at_crash(config).values()) >= killed_after
+
+
+def test_crash_options_are_checked_before_anything_runs(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "replay.cli", "run", "examples/demo.yaml", "--crash-after", "0"],
+                          capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
+    assert done.returncode == 2 and "--crash-after: 0 is not a positive number" in done.stderr
