@@ -6,8 +6,9 @@ than sampling another action under the same idempotency keys."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from journal.events import ModelCall, ResourceMutation, RolloutFailed
@@ -135,29 +136,47 @@ def test_without_it_the_resource_refuses_the_other_action_under_the_same_key(tmp
     assert any(isinstance(e, RolloutFailed) for e in journaled(config))
 
 
+class GatheringServer(UnsteadyServer):
+    """A server that holds every call until ``expected`` calls are inside it at once (``bound_s``
+    at most): only calls admitted together all get there, however slowly the machine runs.
+    ``gate_when_all_in`` is the runner's gate count at that moment."""
+
+    def __init__(self, expected: int, bound_s: float = 60.0) -> None:
+        super().__init__(salt=0)
+        self.expected, self.bound_s = expected, bound_s
+        self.inside = self.most_inside = 0
+        self.gate_count: Callable[[], int] = lambda: -1
+        self.gate_when_all_in: int | None = None
+        self._all_in: asyncio.Event | None = None
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        all_in = self._all_in = self._all_in or asyncio.Event()
+        self.inside += 1
+        self.most_inside = max(self.most_inside, self.inside)
+        try:
+            if self.inside == self.expected:
+                self.gate_when_all_in = self.gate_count()
+                all_in.set()
+            with contextlib.suppress(TimeoutError):  # never all in: the test's assertions say so
+                await asyncio.wait_for(all_in.wait(), self.bound_s)
+            async for chunk in super().stream(request):
+                yield chunk
+        finally:
+            self.inside -= 1
+
+
 def test_a_slow_server_does_not_serialize_the_rollouts(tmp_path: Path) -> None:
-    """Twelve rollouts whose every call waits 0.3 s on the server: with twelve calls admitted
-    at once, their first turns are all in flight together (no timing asserted: the gate's count)."""
+    """Twelve rollouts whose calls wait on the server until twelve are there: with twelve calls
+    admitted at once, their first turns are all in flight together (no timing asserted: the
+    server's count and the gate's)."""
     config = WorkloadConfig(name="cc", groups=4, siblings=3, max_turns=1, environment="workplace", seed=1,
                             journal=str(tmp_path / "j"), concurrency=12, journaling=False)
     config = config.model_copy(update={"model": config.model.model_copy(update={"max_concurrent_calls": 12})})
-    backend = UnsteadyServer(salt=0, delay_s=0.3)
+    backend = GatheringServer(expected=12)
     runner = Runner(config, None, backend, backend.tokenizer)
-    peak = 0
-
-    async def watch() -> None:
-        nonlocal peak
-        while True:
-            peak = max(peak, runner.model.gate.in_flight)
-            await asyncio.sleep(0.01)
-
-    async def scenario() -> None:
-        watcher = asyncio.create_task(watch())
-        await runner.run(resume=False)
-        watcher.cancel()
-
-    asyncio.run(scenario())
-    assert peak == 12
+    backend.gate_count = lambda: runner.model.gate.in_flight
+    asyncio.run(runner.run(resume=False))
+    assert backend.most_inside == 12 and backend.gate_when_all_in == 12
 
 
 class PacedPolicy:
