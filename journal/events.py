@@ -382,7 +382,7 @@ ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
 """What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
 BlobChunk, WorkloadRegistered or FenceHistory found there is a foreign record."""
 
-EVENT_TYPES: tuple[type, ...] = (
+EVENT_TYPES: tuple[type[Record], ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted,
     RolloutFinished, RolloutFailed, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered,
     HeadCheckpoint, FenceHistory, TrainingRecord,

@@ -337,13 +337,13 @@ class Journal:
         partition, fenced. One pass per partition from its lowest cursor."""
         self.note_damage(report)
         by_partition: dict[int, dict[str, Cursor]] = {}
-        for rollout_id, cursor in cursors.items():
-            by_partition.setdefault(self.partition_of(rollout_id), {})[rollout_id] = cursor
+        for rollout_id, known in cursors.items():
+            by_partition.setdefault(self.partition_of(rollout_id), {})[rollout_id] = known
         for partition, wanted in sorted(by_partition.items()):
             fence = EpochFence()
-            for rollout_id, cursor in wanted.items():
-                fence.raise_to(rollout_id, cursor.epoch, cursor.resume_seq)
-                fence.learn(rollout_id, dict(cursor.history))
+            for rollout_id, known in wanted.items():
+                fence.raise_to(rollout_id, known.epoch, known.resume_seq)
+                fence.learn(rollout_id, dict(known.history))
             start = min(c.offset for c in wanted.values())
             chunks = ChunkJoiner(self.max_event_bytes)
             for stored in self.backend.read_events(partition, start):
@@ -357,7 +357,7 @@ class Journal:
                 if cursor is not None and cursor.after_seq >= 0 and stored.error is None:
                     try:
                         # Only a header-led record may be peeked: any other bytes are decoded and reported.
-                        if self.codec.record_class(stored.value) in _PEEKABLE \
+                        if stored.value is not None and self.codec.record_class(stored.value) in _PEEKABLE \
                                 and peek_seq(stored.value) <= cursor.after_seq:
                             continue  # covered by the snapshot: skip without decoding (or joining pieces)
                     except (IndexError, ValueError):
