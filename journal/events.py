@@ -10,18 +10,21 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar, Union
+from typing import TYPE_CHECKING, ClassVar, Union
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-def _fields_equal(a: object, b: object) -> bool:
+
+def _fields_equal(a: DataclassInstance, b: object) -> bool:
     """Field by field, packed arrays (fields with a ``dtype``) by value: a record holding token
     arrays equals another holding the same tokens."""
     return all(
         np.array_equal(getattr(a, f.name), getattr(b, f.name)) if "dtype" in f.metadata
         else getattr(a, f.name) == getattr(b, f.name)
-        for f in dataclasses.fields(a)  # type: ignore[arg-type]
+        for f in dataclasses.fields(a)
     )
 
 
@@ -375,7 +378,7 @@ RolloutEvent = Union[
 ]
 Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory, TrainingRecord]
 
-ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
+ROLLOUT_EVENT_TYPES: tuple[type[RolloutEvent], ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
     RolloutAcknowledged, HeadCheckpoint,
 )

@@ -147,7 +147,13 @@ class _Deliveries:
 
     def locations(self) -> list[RecordLocation]:
         """Where each record landed; call only when every report arrived without error."""
-        return [RecordLocation(msg.topic(), msg.partition(), msg.offset()) for _, msg in self.reports]  # type: ignore[misc]
+        locations = []
+        for index, report in enumerate(self.reports):
+            if report is None:
+                raise RuntimeError(f"record {index} of the batch has no delivery report yet; ask after flush()")
+            msg = report[1]
+            locations.append(RecordLocation(msg.topic(), msg.partition(), msg.offset()))
+        return locations
 
 
 class KafkaWriter:
