@@ -79,8 +79,8 @@ class ActionTrie:
             if node.terminal is None:
                 node.terminal = len(self._actions)
                 self._actions.append(ids)
-                if self._labels is not None:
-                    self._labels.append(labels[i])  # type: ignore[index]
+                if self._labels is not None and labels is not None:  # both or neither: set together above
+                    self._labels.append(labels[i])
         self._freeze(self._root)
 
     @classmethod

@@ -302,16 +302,16 @@ class Runner:
         rollout_id = live.spec.rollout_id
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.config.concurrency)
-        task = asyncio.create_task(self._drive(live, limit), name=f"drive {rollout_id}")
+        task = asyncio.create_task(self._drive(live, limit, self._semaphore), name=f"drive {rollout_id}")
         self._drives[rollout_id] = task
         task.add_done_callback(self._drive_done)
         if self.checkpointer is not None and self._checkpoints is None:
             self._checkpoints = asyncio.create_task(self._checkpoint_periodically(), name="checkpoints")
             self._checkpoints.add_done_callback(self._drive_done)  # a failed checkpoint stops the run too
 
-    async def _drive(self, live: LiveRollout, limit: int | None) -> None:
+    async def _drive(self, live: LiveRollout, limit: int | None, semaphore: asyncio.Semaphore) -> None:
         rollout_id = live.spec.rollout_id
-        async with self._semaphore:  # type: ignore[union-attr]
+        async with semaphore:
             self._driving.add(rollout_id)
             try:
                 while not live.state.finished and live.state.failure is None \
