@@ -378,7 +378,7 @@ RolloutEvent = Union[
 ]
 Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory, TrainingRecord]
 
-ROLLOUT_EVENT_TYPES: tuple[type[RolloutEvent], ...] = (
+ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
     RolloutAcknowledged, HeadCheckpoint,
 )

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, cast
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
@@ -302,7 +302,8 @@ class Journal:
             if not isinstance(record, ROLLOUT_EVENT_TYPES):
                 raise CorruptRecordError(location, f"holds a {type(record).__name__} record, not a rollout "
                                                    "event (it belongs on the snapshot stream)")
-            return JournaledEvent(record, location)
+            # cast: checked just above (isinstance narrows on a tuple of the Union's classes only from mypy 2.0)
+            return JournaledEvent(cast(RolloutEvent, record), location)
         except JournalError as exc:
             self._report(exc, report)
             return None
