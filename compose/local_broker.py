@@ -115,7 +115,7 @@ class PartitionState:
     isr: tuple[int, ...]
 
 
-class _QuietRdkafkaLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+class _QuietRdkafkaLog(logging.LoggerAdapter[logging.Logger]):
     """librdkafka's connect/refused chatter about brokers we start and kill on purpose is expected: keep it at DEBUG."""
 
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
@@ -152,10 +152,13 @@ def describe_partition(
         md = admin.list_topics(topic=topic, timeout=max(deadline - time.monotonic(), 0.1))
         admin.poll(0)
         meta = md.topics.get(topic)
-        error = meta.error if meta is not None else "not in metadata"
-        if meta is not None and meta.error is None:
+        error: KafkaError | str
+        if meta is None:
+            error, not_yet = "not in metadata", True
+        elif meta.error is None:
             break
-        not_yet = meta is None or meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+        else:
+            error, not_yet = meta.error, meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
         if not not_yet:
             raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {error}")
         if time.monotonic() >= deadline:

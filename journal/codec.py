@@ -46,6 +46,13 @@ class _FieldPlan:
     dtype: str | None = None
     cls: type | None = None
 
+    @property
+    def nested(self) -> type:
+        """The record class of a NESTED or NESTED_LIST field."""
+        if self.cls is None:
+            raise TypeError(f"field {self.name} ({self.kind.name}) holds no nested record")
+        return self.cls
+
 
 def _plan(cls: type) -> tuple[_FieldPlan, ...]:
     plans = []
@@ -84,9 +91,9 @@ def _encoder_source(cls: type) -> str:
         if p.kind is _Kind.PACKED:
             expr = f"_pack({ref}, {p.dtype!r})"
         elif p.kind is _Kind.NESTED:
-            expr = f"(None if {ref} is None else _encode_{p.cls.__name__}({ref}))"
+            expr = f"(None if {ref} is None else _encode_{p.nested.__name__}({ref}))"
         elif p.kind is _Kind.NESTED_LIST:
-            expr = f"[_encode_{p.cls.__name__}(v) for v in {ref}]"
+            expr = f"[_encode_{p.nested.__name__}(v) for v in {ref}]"
         else:
             expr = ref
         items.append(f"{p.name!r}: {expr}")
@@ -109,9 +116,9 @@ def _decoder_source(cls: type) -> str:
         if p.kind is _Kind.PACKED:
             expr = f"_frombuffer({ref}, {p.dtype!r})"
         elif p.kind is _Kind.NESTED:
-            expr = f"(None if {ref} is None else _decode_{p.cls.__name__}({ref}))"
+            expr = f"(None if {ref} is None else _decode_{p.nested.__name__}({ref}))"
         elif p.kind is _Kind.NESTED_LIST:
-            expr = f"[_decode_{p.cls.__name__}(v) for v in {ref}]"
+            expr = f"[_decode_{p.nested.__name__}(v) for v in {ref}]"
         else:
             expr = ref
         args.append(expr)
@@ -162,7 +169,7 @@ class Codec:
     def __init__(self) -> None:
         self._types = {cls.RECORD: cls for cls in EVENT_TYPES}
         self._current: dict[type, SchemaVersion] = {}
-        self._by_fingerprint: dict[bytes, tuple[type, SchemaVersion]] = {}
+        self._by_fingerprint: dict[bytes, tuple[type[Record], SchemaVersion]] = {}
         for name, versions in schemas.released_versions().items():
             cls = self._types.get(name)
             if cls is None:

@@ -21,14 +21,15 @@ from dataclasses import dataclass, field
 
 from .codec import Codec
 from .errors import CorruptRecordError, OversizedEventError, RecordLocation
-from .events import EventChunk, RolloutEvent
+from .events import EventChunk, RolloutEvent, TrainingRecord
 
 _LENGTH_BYTES = 10  # room for the Avro length of the data field
 
 
-def split_event(codec: Codec, event: RolloutEvent, encoded: bytes, max_record_bytes: int,
+def split_event(codec: Codec, event: RolloutEvent | TrainingRecord, encoded: bytes, max_record_bytes: int,
                 max_event_bytes: int) -> list[bytes]:
-    """The records that carry ``event``: ``encoded`` itself if it fits one record, else its pieces."""
+    """The records that carry ``event`` (or a results record, which has a header too): ``encoded``
+    itself if it fits one record, else its pieces."""
     if len(encoded) <= max_record_bytes:
         return [encoded]
     h = event.header

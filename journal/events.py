@@ -10,18 +10,21 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import ClassVar, Union
+from typing import TYPE_CHECKING, ClassVar, Union
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
-def _fields_equal(a: object, b: object) -> bool:
+
+def _fields_equal(a: DataclassInstance, b: object) -> bool:
     """Field by field, packed arrays (fields with a ``dtype``) by value: a record holding token
     arrays equals another holding the same tokens."""
     return all(
         np.array_equal(getattr(a, f.name), getattr(b, f.name)) if "dtype" in f.metadata
         else getattr(a, f.name) == getattr(b, f.name)
-        for f in dataclasses.fields(a)  # type: ignore[arg-type]
+        for f in dataclasses.fields(a)
     )
 
 
@@ -382,7 +385,7 @@ ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
 """What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
 BlobChunk, WorkloadRegistered or FenceHistory found there is a foreign record."""
 
-EVENT_TYPES: tuple[type, ...] = (
+EVENT_TYPES: tuple[type[Record], ...] = (
     AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted,
     RolloutFinished, RolloutFailed, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered,
     HeadCheckpoint, FenceHistory, TrainingRecord,

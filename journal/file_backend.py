@@ -70,6 +70,7 @@ import zlib
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, compacted
 from .errors import (
@@ -316,9 +317,9 @@ class FileBackend(Backend):
         self.max_dirty_ratio = max_dirty_ratio
         self._log_dir = self.root / "log"
         self._snap_dir = self.root / "snapshots"
-        self._lock_file = None
-        self._active = None
-        self._snap_file = None
+        self._lock_file: TextIO | None = None
+        self._active: io.FileIO | None = None  # the log segment a writer appends to; None: read-only or closed
+        self._snap_file: io.FileIO | None = None  # the snapshot generation a writer appends to
         self._last_mark = EMPTY
         self._frame_ends: dict[int, int] = {}  # event frame start -> end, for the last commit
         self._broken: str | None = None  # why this writer can no longer commit safely
@@ -339,22 +340,22 @@ class FileBackend(Backend):
     # -- opening -------------------------------------------------------------
     def _acquire_lock(self) -> None:
         path = self.root / "LOCK"
-        self._lock_file = open(path, "a+")
+        lock = open(path, "a+")
         try:
-            fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            self._lock_file.seek(0)
-            holder = self._lock_file.read().strip() or "unknown"
-            self._lock_file.close()
-            self._lock_file = None
+            lock.seek(0)
+            holder = lock.read().strip() or "unknown"
+            lock.close()
             raise WriterLockedError(
                 f"file journal {self.root} is locked by writer pid {holder}; "
                 "stop that process or open the journal read-only"
             ) from None
-        self._lock_file.seek(0)
-        self._lock_file.truncate()
-        self._lock_file.write(str(os.getpid()))
-        self._lock_file.flush()
+        self._lock_file = lock
+        lock.seek(0)
+        lock.truncate()
+        lock.write(str(os.getpid()))
+        lock.flush()
 
     def _segments(self) -> list[tuple[int, Path]]:
         out = []
@@ -445,8 +446,9 @@ class FileBackend(Backend):
             self._fsync_dir(self._log_dir)
         base, path = segments[-1]
         self._active_base = base
-        self._active = self._open_append(path)
-        self._end = base + self._active.tell()
+        active = self._open_append(path)
+        self._active = active
+        self._end = base + active.tell()
 
     def _snap_path(self, generation: int) -> Path:
         return self._snap_dir / f"{generation:010d}.snap"
@@ -526,7 +528,7 @@ class FileBackend(Backend):
         return found
 
     def _roll_segment(self) -> None:
-        self._active.close()
+        self._writer_log().close()
         path = self._log_dir / _segment_name(self._end)
         self._active = self._open_append(path)
         self._active_base = self._end
@@ -541,9 +543,19 @@ class FileBackend(Backend):
             os.close(fd)
 
     # -- writing -------------------------------------------------------------
-    def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
+    def _writer_log(self, action: str = "write") -> io.FileIO:
+        """The active log segment; a reader (or a closed writer) refuses here, before it touches a file."""
         if self._active is None:
-            raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot commit")
+            raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot {action}")
+        return self._active
+
+    def _writer_snapshots(self) -> io.FileIO:
+        if self._snap_file is None:
+            raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot write")
+        return self._snap_file
+
+    def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
+        self._writer_log("commit")
         if self._broken is not None:
             raise FatalJournalError(self._broken)
         event_frames: list[bytes] = []
@@ -569,7 +581,7 @@ class FileBackend(Backend):
                 snap_frames.append(frame)
                 snap_position += len(frame)
         if snap_frames:  # durable before the commit marker that makes them visible
-            self._write(self._snap_file, b"".join(snap_frames))
+            self._write(self._writer_snapshots(), b"".join(snap_frames))
         batch = b"".join(event_frames)
         mark = CommitMark(self._last_mark.snap_generation, snap_position, self._end, zlib.crc32(batch))
         self._append_commit(batch, mark)
@@ -601,8 +613,9 @@ class FileBackend(Backend):
 
     def _append_commit(self, batch: bytes, mark: CommitMark) -> None:
         data = batch + encode_frame(COMMIT, "", mark.encode())
+        active = self._writer_log()
         try:
-            self._write(self._active, data)
+            self._write(active, data)
         except BaseException:
             self._cut_failed_write()
             raise
@@ -612,12 +625,13 @@ class FileBackend(Backend):
     def _cut_failed_write(self) -> None:
         """A write that failed part way (a full disk) leaves bytes no commit covers. Cut them
         now: a later commit would turn them into damage in the middle of the log."""
+        active = self._writer_log()
         try:
-            os.ftruncate(self._active.fileno(), self._end - self._active_base)
-            os.fsync(self._active.fileno())
+            os.ftruncate(active.fileno(), self._end - self._active_base)
+            os.fsync(active.fileno())
         except OSError as exc:
             self._broken = (f"file journal {self.root}: a failed write left bytes past position {self._end} of "
-                            f"{self._active.name} that could not be cut ({exc}); reopen the journal to cut them")
+                            f"{active.name} that could not be cut ({exc}); reopen the journal to cut them")
             log.error("%s", self._broken)
 
     def offset_after(self, location: RecordLocation) -> int:
@@ -635,7 +649,11 @@ class FileBackend(Backend):
         tmp file, fsync, rename, then a COMMIT frame naming the new generation.
 
         If it fails, nothing changed (see the module docstring): the error is logged,
-        counted in ``compaction_failures``, kept in ``compaction_error`` and raised."""
+        counted in ``compaction_failures``, kept in ``compaction_error`` and raised.
+        A reader (or a closed writer) raises ``ConfigurationError`` and touches nothing."""
+        # Before any file is written: a reader's generation number is not the writer's, and
+        # its clean-up after the failed commit would delete the writer's live generation.
+        self._writer_log("compact snapshots")
         old = self._snap_path(self._last_mark.snap_generation)
         generation = self._last_mark.snap_generation + 1
         path = self._snap_path(generation)
@@ -673,7 +691,7 @@ class FileBackend(Backend):
                       "unchanged, generation %d stays committed, and compaction is retried later",
                       self.root, generation, exc, generation - 1)
             raise
-        self._snap_file.close()
+        self._writer_snapshots().close()
         self._snap_file = new_file
         self._snap_compacted_size = length
         self.compaction_error = None

@@ -9,7 +9,7 @@ import threading
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import cast
+from typing import Protocol, cast
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
 from .codec import Codec, peek_seq
@@ -259,7 +259,10 @@ class Journal:
     def release_partition(self, partition: int) -> None:
         """Stop writing ``partition`` (its rollouts were stopped and their appends are durable) and
         forget what this writer knew of its rollouts: whoever takes it next restores them."""
-        self.backend.release_partition(partition)  # type: ignore[attr-defined]
+        release = getattr(self.backend, "release_partition", None)
+        if release is None:
+            raise ConfigurationError(f"a {self.backend.kind} journal has one writer; partitions cannot be released")
+        release(partition)
         with self._fence_lock:
             for rollout_id in [r for r in self._attempts if self.partition_of(r) == partition]:
                 del self._attempts[rollout_id]
@@ -299,6 +302,7 @@ class Journal:
             if not isinstance(record, ROLLOUT_EVENT_TYPES):
                 raise CorruptRecordError(location, f"holds a {type(record).__name__} record, not a rollout "
                                                    "event (it belongs on the snapshot stream)")
+            # cast: checked just above (isinstance narrows on a tuple of the Union's classes only from mypy 2.0)
             return JournaledEvent(cast(RolloutEvent, record), location)
         except JournalError as exc:
             self._report(exc, report)
@@ -337,13 +341,13 @@ class Journal:
         partition, fenced. One pass per partition from its lowest cursor."""
         self.note_damage(report)
         by_partition: dict[int, dict[str, Cursor]] = {}
-        for rollout_id, cursor in cursors.items():
-            by_partition.setdefault(self.partition_of(rollout_id), {})[rollout_id] = cursor
+        for rollout_id, known in cursors.items():
+            by_partition.setdefault(self.partition_of(rollout_id), {})[rollout_id] = known
         for partition, wanted in sorted(by_partition.items()):
             fence = EpochFence()
-            for rollout_id, cursor in wanted.items():
-                fence.raise_to(rollout_id, cursor.epoch, cursor.resume_seq)
-                fence.learn(rollout_id, dict(cursor.history))
+            for rollout_id, known in wanted.items():
+                fence.raise_to(rollout_id, known.epoch, known.resume_seq)
+                fence.learn(rollout_id, dict(known.history))
             start = min(c.offset for c in wanted.values())
             chunks = ChunkJoiner(self.max_event_bytes)
             for stored in self.backend.read_events(partition, start):
@@ -357,7 +361,7 @@ class Journal:
                 if cursor is not None and cursor.after_seq >= 0 and stored.error is None:
                     try:
                         # Only a header-led record may be peeked: any other bytes are decoded and reported.
-                        if self.codec.record_class(stored.value) in _PEEKABLE \
+                        if stored.value is not None and self.codec.record_class(stored.value) in _PEEKABLE \
                                 and peek_seq(stored.value) <= cursor.after_seq:
                             continue  # covered by the snapshot: skip without decoding (or joining pieces)
                     except (IndexError, ValueError):
@@ -424,16 +428,22 @@ class Journal:
         return index
 
 
+class SnapshotFollower(Protocol):
+    """What a backend's ``follow_snapshots()`` returns: each poll, the records committed since the last."""
+
+    def poll(self) -> list[StoredRecord]: ...
+
+
 class WorkloadFeed:
     """New workload registrations, as they are committed to the snapshot stream."""
 
-    def __init__(self, codec: Codec, follower: object) -> None:
+    def __init__(self, codec: Codec, follower: SnapshotFollower) -> None:
         self._codec = codec
         self._follower = follower
 
     def poll(self) -> dict[str, WorkloadRegistered]:
         """The registrations committed since the last poll (the first: all), newest per workload."""
-        records = [r for r in self._follower.poll()  # type: ignore[attr-defined]
+        records = [r for r in self._follower.poll()
                    if r.error is None and (r.key.endswith(WORKLOAD_SUFFIX) or r.key.startswith(LEGACY_WORKLOAD_PREFIX))]
         index = load_snapshots(self._codec, records)
         for exc in index.errors:

@@ -209,8 +209,8 @@ class KafkaSettings(BaseModel):
 
     @model_validator(mode="after")
     def _isr_fits_replicas(self) -> KafkaSettings:
-        if None not in (self.min_insync_replicas, self.replication_factor) \
-                and self.min_insync_replicas > self.replication_factor:  # type: ignore[operator]
+        if self.min_insync_replicas is not None and self.replication_factor is not None \
+                and self.min_insync_replicas > self.replication_factor:
             raise ValueError(
                 f"min_insync_replicas={self.min_insync_replicas} exceeds replication_factor="
                 f"{self.replication_factor}: every acks=all write would fail"

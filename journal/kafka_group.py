@@ -43,7 +43,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from .errors import JournalError, NotAuthorizedError
-from .kafka_access import AUTHORIZATION_CODES, GROUP, TOPIC, refusal
+from .kafka_access import GROUP, TOPIC, refusal
 from .kafka_clients import admin_config, base_config, close_client, describe, kafka_error, new_client, on_client_error
 from .kafka_config import KafkaSettings
 
@@ -131,11 +131,12 @@ class WorkerGroup:
             while not self._stop.is_set():
                 msg = consumer.poll(self._poll_interval_s)  # serves the rebalance callbacks; never returns a record
                 err = msg.error() if msg is not None else None
-                if err is not None and err.code() in AUTHORIZATION_CODES:
-                    # the cluster refused this worker the group (or the topic it subscribes to): it would
-                    # wait for an assignment forever
-                    raise refusal(self.settings, err, {GROUP: ("READ", self.settings.group_id),  # type: ignore[misc]
-                                                       TOPIC: ("READ", self.settings.events_topic)})
+                # the cluster refused this worker the group (or the topic it subscribes to): it would
+                # wait for an assignment forever
+                denied = refusal(self.settings, err, {GROUP: ("READ", self.settings.group_id),
+                                                      TOPIC: ("READ", self.settings.events_topic)})
+                if denied is not None:
+                    raise denied
         except BaseException as exc:  # a callback failed, or the group refused: the worker sees it and stops
             log.log(logging.INFO if isinstance(exc, NotAuthorizedError) else logging.ERROR,
                     "consumer group %s: %s", self.settings.group_id, exc)

@@ -159,8 +159,8 @@ class ReaderPool:
                 break
             except KafkaException as exc:
                 err = kafka_error(exc)
-                if transient(err) and time.monotonic() < deadline:
-                    log.debug("offsets of %s[%d]: %s; retrying", topic, partition, describe(err))  # type: ignore[arg-type]
+                if err is not None and transient(err) and time.monotonic() < deadline:
+                    log.debug("offsets of %s[%d]: %s; retrying", topic, partition, describe(err))
                     time.sleep(delay)
                     delay = min(delay * 2, 0.5)
                     continue
@@ -302,7 +302,9 @@ class ReaderPool:
                 return
             err = msg.error()
             if err is not None and err.code() in AUTHORIZATION_CODES:  # a group's names no partition: checked first
-                raise refusal(self.settings, err, {TOPIC: ("READ", topic), GROUP: ("DESCRIBE", self.group)})  # type: ignore[misc]
+                denied = refusal(self.settings, err, {TOPIC: ("READ", topic), GROUP: ("DESCRIBE", self.group)})
+                if denied is not None:  # always, for these codes
+                    raise denied
             p = msg.partition()
             if msg.topic() != topic or p not in pending:
                 continue  # a finished partition (fetched ahead) or an outdated assignment
@@ -340,7 +342,8 @@ class Follower:
         ends: dict[int, int] = {}
         records = list(self._pool.read_from(self._topic, dict(self._next), ends, stable=False))
         for p, end in ends.items():
-            if self._next[p] is None or end > self._next[p]:  # type: ignore[operator]
+            current = self._next[p]
+            if current is None or end > current:
                 self._next[p] = end
         return records
 

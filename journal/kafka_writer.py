@@ -43,7 +43,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
@@ -147,7 +147,13 @@ class _Deliveries:
 
     def locations(self) -> list[RecordLocation]:
         """Where each record landed; call only when every report arrived without error."""
-        return [RecordLocation(msg.topic(), msg.partition(), msg.offset()) for _, msg in self.reports]  # type: ignore[misc]
+        locations = []
+        for index, report in enumerate(self.reports):
+            if report is None:
+                raise RuntimeError(f"record {index} of the batch has no delivery report yet; ask after flush()")
+            msg = report[1]
+            locations.append(RecordLocation(msg.topic(), msg.partition(), msg.offset()))
+        return locations
 
 
 class KafkaWriter:
@@ -465,7 +471,7 @@ class KafkaWriter:
                 break
         return self._fatal_error or err
 
-    def _raise_classified(self, producer: Producer, exc: KafkaException, what: str, in_txn: bool) -> None:
+    def _raise_classified(self, producer: Producer, exc: KafkaException, what: str, in_txn: bool) -> NoReturn:
         err = kafka_error(exc)
         if err is not None:
             err = self._root_cause(producer, err)
@@ -500,7 +506,7 @@ class KafkaWriter:
         })
 
     def _refused(self, producer: Producer, denied: NotAuthorizedError, in_txn: bool,
-                 cause: BaseException | None = None) -> None:
+                 cause: BaseException | None = None) -> NoReturn:
         """Abort what can be aborted (a refused transaction may not even abort), then stop writing."""
         if in_txn:
             try:
@@ -538,7 +544,7 @@ class KafkaWriter:
             f"(another process took over {took}) during {what}: {describe(err)}"
         )
 
-    def _fail(self, error: JournalError, cause: BaseException | None = None) -> None:
+    def _fail(self, error: JournalError, cause: BaseException | None = None) -> NoReturn:
         """Mark the writer failed (no more commits) and raise ``error``."""
         self._failed = error
         # Being fenced is a takeover, and a refusal a matter of ACLs, not a fault of this process:

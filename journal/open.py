@@ -4,7 +4,7 @@ backend) or ``kafka://host:port[,host:port]/namespace?...`` (Kafka)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypedDict, Unpack
 
 from .backend import Backend
 from .errors import ConfigurationError
@@ -18,6 +18,17 @@ Mode = Literal["slot", "read", "partitions", "plain"]
 only reading (never fences a writer); ``partitions``, a fleet worker that writes the partitions it
 takes (Kafka only); ``plain``, durable single-record writes without a transaction, topics created
 if missing (``submit``'s registration; Kafka only)."""
+
+
+class JournalOptions(TypedDict, total=False):
+    """The keyword options of :class:`Journal` (see its ``__init__``), passed on by ``open_journal``."""
+
+    linger_ms: float
+    max_batch_appends: int
+    max_commit_attempts: int
+    inline_snapshot_limit: int
+    max_record_bytes: int
+    max_event_bytes: int
 
 
 def is_kafka_url(location: str) -> bool:
@@ -48,5 +59,5 @@ def open_backend(location: str, *, writer: str = "worker-0", read_only: bool = F
 
 
 def open_journal(location: str, *, writer: str = "worker-0", read_only: bool = False, mode: Mode | None = None,
-                 **journal_options: object) -> Journal:
+                 **journal_options: Unpack[JournalOptions]) -> Journal:
     return Journal(open_backend(location, writer=writer, read_only=read_only, mode=mode), **journal_options)

@@ -29,11 +29,22 @@ import hashlib
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import cast
 
 from .backend import OutRecord, StoredRecord, Stream, compacted
 from .codec import Codec
 from .errors import CorruptRecordError, JournalError, RecordLocation
-from .events import AttemptStarted, BlobChunk, BlobRef, FenceEntry, FenceHistory, Header, Snapshot, WorkloadRegistered
+from .events import (
+    AttemptStarted,
+    BlobChunk,
+    BlobRef,
+    FenceEntry,
+    FenceHistory,
+    Header,
+    Record,
+    Snapshot,
+    WorkloadRegistered,
+)
 
 RUNNING = "running"  # a snapshot status: events may follow it; any other status is final
 BLOB_MARK = "/blob/"
@@ -196,7 +207,8 @@ def blob_tombstones(rollout_id: str, blob: BlobRef) -> list[OutRecord]:
 def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) -> SnapshotIndex:
     """Read a snapshot stream to its end and pick each rollout's newest valid snapshot."""
     index = SnapshotIndex()
-    latest = compacted(stored, keep, lambda r: index.errors.append(CorruptRecordError(r.location, r.error)))
+    # cast: compacted() hands on_error only the records whose error is set
+    latest = compacted(stored, keep, lambda r: index.errors.append(CorruptRecordError(r.location, cast(str, r.error))))
     chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key}
     for key, records in latest.items():
         try:
@@ -232,7 +244,7 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             if index.snapshots[rollout_id] is not None and not newest_of_slot:
                 continue  # found, and this value is gone at the next compaction: nothing to learn from it
             try:
-                snapshot = codec.decode(record.value, record.location)
+                snapshot = _decode(codec, record)
             except JournalError as exc:
                 index.errors.append(exc)
                 continue
@@ -259,8 +271,15 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
     return index
 
 
+def _decode(codec: Codec, record: StoredRecord) -> Record:
+    """Decode a record compacted() kept: it has a value (a tombstone drops its key)."""
+    if record.value is None:
+        raise CorruptRecordError(record.location, f"{record.key} is a tombstone where a value was expected")
+    return codec.decode(record.value, record.location)
+
+
 def _fence(codec: Codec, record: StoredRecord) -> Fence:
-    value = codec.decode(record.value, record.location)
+    value = _decode(codec, record)
     if isinstance(value, AttemptStarted):  # written before 0.3: the newest attempt only
         h = value.header
         return Fence(h.epoch, h.attempt, h.seq, record.location, (FenceEntry(h.attempt, h.epoch, h.seq, h.writer, h.ts_ms),))
@@ -275,7 +294,7 @@ def _fence(codec: Codec, record: StoredRecord) -> Fence:
 
 
 def _workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
-    registered = codec.decode(record.value, record.location)
+    registered = _decode(codec, record)
     if not isinstance(registered, WorkloadRegistered):
         raise CorruptRecordError(record.location, f"{record.key} holds a {type(registered).__name__}")
     return registered
@@ -284,7 +303,7 @@ def _workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
 def _legacy_workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
     """Upcast 0.1.0's registration (a snapshot of pseudo-rollout ``workload:<name>`` listing
     the rollout ids) to the record type that replaced it."""
-    marker = codec.decode(record.value, record.location)
+    marker = _decode(codec, record)
     try:
         if not isinstance(marker, Snapshot):
             raise TypeError(type(marker).__name__)
@@ -299,20 +318,19 @@ def _verified(codec: Codec, rollout_id: str, record: StoredRecord, snapshot: obj
               chunks: dict[str, StoredRecord]) -> LoadedSnapshot:
     if not isinstance(snapshot, Snapshot):
         raise CorruptRecordError(record.location, f"expected a Snapshot, found {type(snapshot).__name__}")
-    state = snapshot.state if snapshot.blob is None else b"".join(_blob_parts(codec, rollout_id, record, snapshot, chunks))
+    state = snapshot.state if snapshot.blob is None else b"".join(_blob_parts(codec, rollout_id, record, snapshot.blob, chunks))
     if hashlib.sha256(state).hexdigest() != snapshot.state_sha256:
         raise CorruptRecordError(record.location, f"snapshot of rollout {rollout_id} fails its SHA-256 check")
     return LoadedSnapshot(snapshot, state, record.location)
 
 
-def _blob_parts(codec: Codec, rollout_id: str, record: StoredRecord, snapshot: Snapshot,
+def _blob_parts(codec: Codec, rollout_id: str, record: StoredRecord, blob: BlobRef,
                 chunks: dict[str, StoredRecord]) -> Iterator[bytes]:
-    blob = snapshot.blob
     for i in range(blob.chunks):
         stored = chunks.get(blob_chunk_key(rollout_id, blob.sha256, i))
         if stored is None:
             raise CorruptRecordError(record.location, f"snapshot blob {blob.sha256[:12]} lacks chunk {i}/{blob.chunks}")
-        chunk = codec.decode(stored.value, stored.location)
+        chunk = _decode(codec, stored)
         if not isinstance(chunk, BlobChunk):
             raise CorruptRecordError(stored.location, f"expected a BlobChunk, found {type(chunk).__name__}")
         yield chunk.data

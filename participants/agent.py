@@ -491,7 +491,7 @@ class Agent:
         self._applied(state, TurnCompleted(state.header(self.writer), messages, call_ids,
                                            env.revisions(), reward, [action]), events)
         result = None
-        if last:
+        if reward is not None:  # the last turn (only its reward is verified)
             outcome = outcome_of(state, env)
             finished = self._applied(state, RolloutFinished(state.header(self.writer), reward, state.next_turn,
                                                             json.dumps(outcome)), events)
@@ -513,6 +513,9 @@ class Agent:
 
     def head_checkpoint(self, live: LiveRollout, turn: int) -> RolloutEvent:
         """The signed heads of every resource of the rollout, in this life of it."""
+        if self.signer is None:
+            raise ValueError(f"rollout {live.state.rollout_id}: writer {self.writer} has no head signer (none was "
+                             "given, or its sink journals nothing); sign heads only with one")
         return head_checkpoint(self.signer, live.state, live.env, self.writer, turn)
 
     async def _durable(self, live: LiveRollout, keep: int) -> None:

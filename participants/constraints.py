@@ -79,8 +79,8 @@ class ActionTrie:
             if node.terminal is None:
                 node.terminal = len(self._actions)
                 self._actions.append(ids)
-                if self._labels is not None:
-                    self._labels.append(labels[i])  # type: ignore[index]
+                if self._labels is not None and labels is not None:  # both or neither: set together above
+                    self._labels.append(labels[i])
         self._freeze(self._root)
 
     @classmethod
@@ -117,11 +117,12 @@ class ActionTrie:
         ids = _as_list(output_ids)
         if ids and ids[-1] == self.eos_id:
             ids = ids[:-1]
-        node: _Node | None = self._root
+        node = self._root
         for t in ids:
-            node = node.children.get(t)
-            if node is None:
+            child = node.children.get(t)
+            if child is None:
                 return None
+            node = child
         return node.terminal
 
     def decode_action(self, output_ids: Sequence[int] | np.ndarray) -> str:

@@ -11,7 +11,7 @@ stream into one :class:`Generation` whose arrays go into a ``ModelCall`` as is.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -105,8 +105,9 @@ class GenerationBackend(Protocol):
     deterministic: bool
     resumes_constrained: bool
 
-    def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
-        """The new tokens, as they come. Closing the iterator early aborts the call."""
+    def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
+        """The new tokens, as they come: an async generator, so ``aclose()`` ends it early, and
+        closing it early aborts the call."""
         ...
 
     async def aclose(self) -> None:

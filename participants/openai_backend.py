@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -63,7 +63,7 @@ class OpenAIBackend:
                 raise BackendError(f"server {self.url}: /models lists no model ({str(body)[:200]})") from None
         return self.served_model
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         body = await self._request_body(request)
         ids: list[int] = []
         logprobs: list[float] = []

@@ -302,16 +302,16 @@ class RolloutState(RolloutProgress):
     def _on_call_progress(self, event: ModelCallProgress) -> None:
         super()._on_call_progress(event)
         h, partial = event.header, self.partial
-        continues = partial is not None and partial.matches(h.turn, event.call_index, event.prompt_sha256)
-        if event.start == 0 and not continues:
+        if partial is not None and not partial.matches(h.turn, event.call_index, event.prompt_sha256):
+            partial = None  # another call's: this one has no tokens held yet
+        if event.start == 0 and partial is None:
             partial = self.partial = PartialCall(h.turn, event.call_index, event.prompt_sha256,
                                                  np.zeros(0, dtype=np.int32), np.zeros(0, dtype=np.float32), [])
-        elif not continues or event.start != len(partial.output_ids):
-            held = len(partial.output_ids) if continues else 0
+        elif partial is None or event.start != len(partial.output_ids):
+            held = 0 if partial is None else len(partial.output_ids)
             raise StateFoldError(
                 f"rollout {self.rollout_id}: progress of call {event.call_id} starts at token {event.start}, but "
                 f"the journal holds {held} tokens of that call before it; a progress record is missing")
-        assert partial is not None
         partial.output_ids = np.concatenate([partial.output_ids, event.output_ids]).astype(np.int32)
         partial.logprobs = np.concatenate([partial.logprobs, event.logprobs]).astype(np.float32)
         last = partial.segments[-1] if partial.segments else None

@@ -97,7 +97,7 @@ class RunReport:
     def turns_run(self) -> int:
         return sum(r.turns_run_here for r in self.rollouts.values())
 
-    def outcomes(self) -> dict[str, dict]:
+    def outcomes(self) -> dict[str, dict | None]:
         """Outcome per rollout this run produced or offered again (acknowledged, set-aside and
         failed ones have none)."""
         return {rid: r.outcome for rid, r in sorted(self.rollouts.items())
@@ -201,7 +201,7 @@ class Runner:
         stale_registration = registration is not None and registration.topology != self.config.topology()
         if self.journal is not None and self.config.journaling and (registered != own_ids or stale_registration):
             # after the first commits: each has a fence (forks are registered by `fork`, not here)
-            await self._register_workload([s for s in specs if s.rollout_id in own_ids], registration)
+            await self._register_workload(self.journal, [s for s in specs if s.rollout_id in own_ids], registration)
         for live in admitted:
             self.launch(live, (stop_after or {}).get(live.spec.rollout_id))
         try:
@@ -290,9 +290,9 @@ class Runner:
             for live in admitted:
                 self._forget(live.spec.rollout_id)
             raise stopping[0]
-        for rollout_id, exc in failed.items():  # a fleet's partition taken over meanwhile: those rollouts alone go
-            log.info("rollout %s: taken over by another worker before its first commit: %s", rollout_id, exc)
-            self.dropped[rollout_id] = str(exc)
+        for rollout_id, error in failed.items():  # a fleet's partition taken over meanwhile: those rollouts alone go
+            log.info("rollout %s: taken over by another worker before its first commit: %s", rollout_id, error)
+            self.dropped[rollout_id] = str(error)
             self._forget(rollout_id)
         return [live for live in admitted if live.spec.rollout_id not in failed]
 
@@ -302,16 +302,16 @@ class Runner:
         rollout_id = live.spec.rollout_id
         if self._semaphore is None:
             self._semaphore = asyncio.Semaphore(self.config.concurrency)
-        task = asyncio.create_task(self._drive(live, limit), name=f"drive {rollout_id}")
+        task = asyncio.create_task(self._drive(live, limit, self._semaphore), name=f"drive {rollout_id}")
         self._drives[rollout_id] = task
         task.add_done_callback(self._drive_done)
         if self.checkpointer is not None and self._checkpoints is None:
             self._checkpoints = asyncio.create_task(self._checkpoint_periodically(), name="checkpoints")
             self._checkpoints.add_done_callback(self._drive_done)  # a failed checkpoint stops the run too
 
-    async def _drive(self, live: LiveRollout, limit: int | None) -> None:
+    async def _drive(self, live: LiveRollout, limit: int | None, semaphore: asyncio.Semaphore) -> None:
         rollout_id = live.spec.rollout_id
-        async with self._semaphore:  # type: ignore[union-attr]
+        async with semaphore:
             self._driving.add(rollout_id)
             try:
                 while not live.state.finished and live.state.failure is None \
@@ -429,7 +429,8 @@ class Runner:
         r.turns_run_here, r.tokens_run_here = turns + live.turns_run_here, tokens + live.tokens_run_here
         r.outcome, r.failed = live.state.outcome, live.state.failure
 
-    async def _register_workload(self, specs: list[RolloutSpec], previous: WorkloadRegistered | None) -> None:
+    async def _register_workload(self, journal: Journal, specs: list[RolloutSpec],
+                                 previous: WorkloadRegistered | None) -> None:
         """Record the workload and every rollout id it holds. An acknowledged rollout keeps its fence,
         marked, in the snapshot stream, so a registered rollout missing from it has never started;
         a journal registered before that (``previous`` without ``acknowledgement_markers``) keeps
@@ -438,7 +439,7 @@ class Runner:
         registration = WorkloadRegistered(
             self.config.name, self.config.model_dump_json(), [s.rollout_id for s in specs],
             self.config.topology(), Header.now_ms(), self.config.writer, markers)
-        await durable(self.journal.register_workload(registration))
+        await durable(journal.register_workload(registration))
 
     def _new_environment(self, spec: RolloutSpec, *, fresh: bool = False) -> Environment:
         """The rollout's environment, in process or at its resource server: ``fresh`` at the task's

@@ -184,10 +184,11 @@ class ChatTokenizer:
         self.chat_template = chat_template
         self.eos_token = _token_text(config.get("eos_token"))
         self.bos_token = _token_text(config.get("bos_token"))
-        if self.eos_token is None or self._tok.token_to_id(self.eos_token) is None:
+        eos_id = None if self.eos_token is None else self._tok.token_to_id(self.eos_token)
+        if eos_id is None:
             raise ModelFolderError(f"tokenizer of {source or 'the model'} names no eos token it knows "
                                    f"({self.eos_token!r}); set eos_token in tokenizer_config.json")
-        self.eos_id: int = self._tok.token_to_id(self.eos_token)
+        self.eos_id: int = eos_id
         self.vocab_size: int = self._tok.get_vocab_size(with_added_tokens=True)
         digest = hashlib.sha256(tokenizer_json.encode("utf-8"))
         digest.update(chat_template.encode("utf-8"))

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -96,7 +96,7 @@ class TorchPolicy:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="torch-policy")
 
     # -- the async interface --------------------------------------------------------
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[TokenChunk | BaseException] = asyncio.Queue()
         stop = threading.Event()

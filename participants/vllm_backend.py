@@ -33,7 +33,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +83,11 @@ class VllmEngine:
         from vllm.v1.engine.llm_engine import LLMEngine
 
         self.model_dir = model_dir
+        # vLLM types dtype as a Literal of names yet takes any str and names a bad one itself; ours is the
+        # user's str. unused-ignore: without vLLM installed (`make lint`'s venv) EngineArgs is Any.
         self.engine = LLMEngine.from_engine_args(EngineArgs(
-            model=str(model_dir), dtype=dtype, enforce_eager=True, max_model_len=max_model_len, seed=seed))
+            model=str(model_dir), dtype=dtype,  # type: ignore[arg-type, unused-ignore]
+            enforce_eager=True, max_model_len=max_model_len, seed=seed))
         from vllm.platforms import current_platform
 
         self.on_cpu = bool(current_platform.is_cpu())
@@ -186,7 +189,7 @@ class VllmBackend:
         # batch composition changes the kernels, so a redone turn may sample another action.
         self.deterministic = engine.on_cpu
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         from vllm.sampling_params import RequestOutputKind
 
         params = sampling_params(request, RequestOutputKind.DELTA)

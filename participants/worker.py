@@ -143,6 +143,7 @@ class FleetWorker:
         """Join the fleet, drive what the group assigns, and leave when ``stop`` is set: every
         owned rollout stops at a turn boundary and its turns are durable before it is handed on.
         Raises what stops the worker otherwise (the journal failed)."""
+        from journal.kafka_backend import KafkaBackend
         from journal.kafka_group import WorkerGroup
 
         started = time.monotonic()
@@ -150,7 +151,10 @@ class FleetWorker:
         self._events = asyncio.Queue()
         journal = self._journal = await asyncio.to_thread(open_journal, self.location, mode="partitions",
                                                           writer=self.name, linger_ms=50.0)
-        group = WorkerGroup(journal.backend.settings, self.name, on_assigned=self._assigned,  # type: ignore[attr-defined]
+        backend = journal.backend
+        if not isinstance(backend, KafkaBackend):  # __init__ checked the location: a Kafka URL opens one
+            raise ConfigurationError(f"a worker needs a Kafka journal, not a {backend.kind} one ({self.location})")
+        group = WorkerGroup(backend.settings, self.name, on_assigned=self._assigned,
                             on_revoked=self._revoked, on_lost=self._lost, instance_id=self.instance_id)
         membership: asyncio.Task | None = None
         try:
@@ -158,7 +162,7 @@ class FleetWorker:
             self._pick_up(await asyncio.to_thread(feed.poll))  # every known workload before the first partition
             membership = asyncio.create_task(self._membership(), name="membership")
             group.start()
-            self.on_event(f"worker-joined {self.name} {journal.backend.settings.group_id}")  # type: ignore[attr-defined]
+            self.on_event(f"worker-joined {self.name} {backend.settings.group_id}")
             while not stop.is_set():
                 await self._wait(stop, membership)
                 self._raise_failure(group, membership)
@@ -235,8 +239,11 @@ class FleetWorker:
     # -- membership (callbacks on the group's polling thread) ------------------------------------
 
     def _post(self, kind: str, partitions: list[int], done: concurrent.futures.Future | None) -> bool:
+        loop, events = self._loop, self._events
+        if loop is None or events is None:  # not running (the group starts after both are set)
+            return False
         try:
-            self._loop.call_soon_threadsafe(self._events.put_nowait, (kind, partitions, done))  # type: ignore[union-attr]
+            loop.call_soon_threadsafe(events.put_nowait, (kind, partitions, done))
             return True
         except RuntimeError:  # the loop is gone: nothing of ours runs any more
             return False

@@ -87,9 +87,9 @@ def run_workload(config: WorkloadConfig, *, resume: bool, on_turn: TurnCallback 
         return asyncio.run(_run(runner, resume=resume, stop_after=stop_after))
 
 
-async def _run(runner: Runner, **kwargs: object) -> RunReport:
+async def _run(runner: Runner, *, resume: bool, stop_after: dict[str, int] | None = None) -> RunReport:
     """Run, then release what the backend holds for this event loop (connections, threads)."""
     try:
-        return await runner.run(**kwargs)  # type: ignore[arg-type]
+        return await runner.run(resume=resume, stop_after=stop_after)
     finally:
         await runner.model.backend.aclose()

@@ -151,8 +151,8 @@ class AuditSummary:
                        "checked (give --public-key)")
         else:
             verdict = "all verify" if self.anchors_verified else "NOT all verify"
-            anchors = (f"heads anchored ({self.anchored}) by {self.checkpoints} signed checkpoints, {verdict} "
-                       f"under key {self.key_id[:16]}")
+            key = "" if self.key_id is None else f" under key {self.key_id[:16]}"
+            anchors = f"heads anchored ({self.anchored}) by {self.checkpoints} signed checkpoints, {verdict}{key}"
         return (f"{chain}; {len(self.resources)} resource lives, {self.mutation_count} mutations; {anchors}")
 
 
@@ -320,9 +320,11 @@ class ChainAuditor:
                                               f"{_span(at + 1, revision)} dropped", where, rid,
                               event.header.rollout_id, at + 1)
             elif revision < at:
+                # below r0, a resource may have no chain at all (a forged or corrupt revision)
+                last = chain.last_location if chain is not None else "no mutation of it read"
                 self._problem("inserted", f"turn {event.header.turn} of {event.header.rollout_id} at {where} says "
                                           f"{rid} reached r{revision}, but its chain is at r{at} "
-                                          f"({chain.last_location}): mutations were inserted", where, rid,
+                                          f"({last}): mutations were inserted", where, rid,
                               event.header.rollout_id, revision + 1)
 
     def _checkpoint(self, event: HeadCheckpoint, where: str, life: int) -> None:

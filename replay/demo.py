@@ -74,9 +74,13 @@ def compare(reference: RunReport, resumed: RunReport) -> list[str]:
     differences = []
     for rid, expected in reference.outcomes().items():
         got = resumed.rollouts[rid].outcome
-        if got != expected:
-            keys = sorted(k for k in expected if got is None or got.get(k) != expected.get(k))
-            differences.append(f"{rid}: {', '.join(keys)} differ")
+        if got == expected:
+            continue
+        if expected is None:  # unfinished in the reference run: there are no keys to compare
+            differences.append(f"{rid}: finished only after the crash")
+            continue
+        keys = sorted(k for k in expected if got is None or got.get(k) != expected.get(k))
+        differences.append(f"{rid}: {', '.join(keys)} differ")
     return differences
 
 

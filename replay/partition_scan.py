@@ -182,6 +182,7 @@ class PartitionScan(Generic[R]):
             running = {worker.messages: worker for worker in workers}
             while running:
                 for ready in wait(list(running)):
+                    # typeshed: wait() returns any waitable; these are the Connections passed in
                     worker = running[ready]  # type: ignore[index]
                     try:
                         message = worker.messages.recv()

@@ -183,10 +183,10 @@ def timeline_svg(timeline: RolloutTimeline) -> str:
            'orient="auto-start-reverse"><path d="M0,0 L10,5 L0,10 z" fill="var(--crash)"/></marker></defs>']
     out.append(f'<text x="{_LABEL_W - 12}" y="{_TOP - 18}" text-anchor="end" font-size="12" fill="var(--muted)">'
                "turn</text>")
-    for turn in range(columns):
-        out.append(f'<text x="{grid.x(turn) + grid.col / 2}" y="{_TOP - 18}" text-anchor="middle" font-size="12" '
-                   f'fill="var(--muted)">{turn}</text>')
-        out.append(f'<line x1="{grid.x(turn) + grid.col / 2}" y1="{_TOP - 10}" x2="{grid.x(turn) + grid.col / 2}" '
+    for column in range(columns):
+        out.append(f'<text x="{grid.x(column) + grid.col / 2}" y="{_TOP - 18}" text-anchor="middle" font-size="12" '
+                   f'fill="var(--muted)">{column}</text>')
+        out.append(f'<line x1="{grid.x(column) + grid.col / 2}" y1="{_TOP - 10}" x2="{grid.x(column) + grid.col / 2}" '
                    f'y2="{height - 12}" stroke="var(--line)" stroke-dasharray="2 4"/>')
     final_life = timeline.final.restarts
     overlay: list[str] = []  # drawn last, over the lanes: the arrows from a crash to the next attempt
@@ -200,10 +200,10 @@ def timeline_svg(timeline: RolloutTimeline) -> str:
         out.append(f'<text x="16" y="{y + 27}" font-size="15" font-weight="700">{_t(label)}</text>')
         out.append(f'<text x="16" y="{y + 45}" font-size="12" fill="var(--muted)">{_t(detail)}</text>')
         for turn_no in attempt.reused:
-            turn = latest.get((attempt.life, turn_no))
-            if turn is not None:
-                out.append(_box(grid, turn, row, "reused", _turn_title(
-                    turn, f"committed by attempt {turn.attempt}, reused by attempt {attempt.attempt} (not run again)")))
+            reused = latest.get((attempt.life, turn_no))
+            if reused is not None:
+                out.append(_box(grid, reused, row, "reused", _turn_title(
+                    reused, f"committed by attempt {reused.attempt}, reused by attempt {attempt.attempt} (not run again)")))
         for turn in by_attempt.get(attempt.attempt, []):
             kind = "lost" if turn.thrown_away or turn.life != final_life else "ran"
             how = (f"ran in attempt {turn.attempt}, thrown away when the rollout started over" if kind == "lost"
@@ -249,8 +249,8 @@ def _audit_html(rows: list[AuditedMutation], summary: AuditSummary) -> str:
         anchors = (f'<span class="badge warn">heads anchored ({_t(summary.anchored)}) by {summary.checkpoints} '
                    "checkpoints, signatures not checked (no public key given)</span>")
     elif summary.anchors_verified:
-        anchors = (f'<span class="badge ok">signed heads verify: {summary.checkpoints} checkpoints, key '
-                   f"{_t(summary.key_id[:16])}</span>")
+        key = "" if summary.key_id is None else f", key {_t(summary.key_id[:16])}"
+        anchors = f'<span class="badge ok">signed heads verify: {summary.checkpoints} checkpoints{key}</span>'
     else:
         anchors = (f'<span class="badge bad">signed heads do NOT verify: {summary.checkpoints_verified} of '
                    f"{summary.checkpoints}</span>")

@@ -150,9 +150,12 @@ def fleet_status(location: str) -> FleetStatus:
 def _owners(journal: Journal, location: str, status: FleetStatus) -> dict[int, str]:
     if not is_kafka_url(location):
         return {}
+    from journal.kafka_backend import KafkaBackend
     from journal.kafka_group import describe_group
 
-    settings = journal.backend.settings  # type: ignore[attr-defined]
+    if not isinstance(journal.backend, KafkaBackend):  # a Kafka URL opens one; anything else has no owners
+        return {}
+    settings = journal.backend.settings
     status.group = settings.group_id
     try:
         group = describe_group(settings)

@@ -443,7 +443,7 @@ class _Builder:
         except StateFoldError as exc:
             raise StateFoldError(f"{exc} at {where}") from None
         if isinstance(event, AttemptStarted):
-            self._attempt(event, where, starts_over)
+            self._attempt(state, event, where, starts_over)
         elif isinstance(event, AttemptFenced):
             for a in self.t.attempts:
                 if a.attempt == event.fenced_attempt:
@@ -451,14 +451,14 @@ class _Builder:
             if self.t.attempts:
                 self.t.attempts[-1].fences = f"attempt {event.fenced_attempt} (epoch {event.fenced_epoch})"
         elif isinstance(event, ModelCall):
-            self._call(event, where)
+            self._call(state, event, where)
         elif isinstance(event, ResourceMutation):
             self.mutations.append(MutationView(
                 event.resource_id, event.kind, event.op, json.loads(event.args_json), json.loads(event.result_json),
                 event.prev_revision, event.revision, event.idempotency_key, event.state_digest, event.chain_hash,
                 h.attempt, h.epoch, h.turn, h.seq, where))
         elif isinstance(event, TurnCompleted):
-            self._turn(event, where)
+            self._turn(state, event, where)
         elif isinstance(event, HeadCheckpoint):  # audit only: the turn's chain heads are signed
             self.signed = True
         elif isinstance(event, RolloutFinished):
@@ -470,12 +470,12 @@ class _Builder:
         elif isinstance(event, RolloutAcknowledged):
             self.t.acknowledged = True
 
-    def _attempt(self, event: AttemptStarted, where: str, starts_over: bool) -> None:
+    def _attempt(self, state: RolloutState, event: AttemptStarted, where: str, starts_over: bool) -> None:
         h = event.header
         if self.t.attempts:
             self.t.attempts[-1].superseded_by = h.attempt
         view = AttemptView(h.attempt, h.epoch, event.resumed_from_turn, event.reason, event.topology, h.seq, where,
-                           h.ts_ms, self.state.restarts, list(event.messages), event.override, event.forked_from,
+                           h.ts_ms, state.restarts, list(event.messages), event.override, event.forked_from,
                            starts_over)
         if starts_over:
             for turn in self.life:
@@ -490,8 +490,10 @@ class _Builder:
         self.calls, self.mutations, self.signed = [], [], False  # uncommitted work never reaches the journal
         self.t.attempts.append(view)
 
-    def _call(self, event: ModelCall, where: str) -> None:
+    def _call(self, state: RolloutState, event: ModelCall, where: str) -> None:
         h = event.header
+        if state.lineage is None:  # only a state restored from an old snapshot lacks it; this one is folded from the start
+            raise StateFoldError(f"rollout {state.rollout_id}: no token lineage at {where}")
         identity = decoded_delta = decoded_output = None
         if self.catalog is not None:
             identity = self.t.tokenizers[event.policy_version] = self.catalog.identify(event.policy_version)
@@ -502,9 +504,9 @@ class _Builder:
             event.call_id, event.parent_call_id, h.attempt, h.epoch, h.turn, h.seq, event.policy_version,
             {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed},
             event.prefix_len, event.prompt_delta, event.output_ids, event.logprobs, event.finish_reason,
-            event.latency_ms, list(self.state.lineage.segments), where, identity, decoded_delta, decoded_output))
+            event.latency_ms, list(state.lineage.segments), where, identity, decoded_delta, decoded_output))
 
-    def _turn(self, event: TurnCompleted, where: str) -> None:
+    def _turn(self, state: RolloutState, event: TurnCompleted, where: str) -> None:
         h = event.header
         attempt = self.t.attempts[-1] if self.t.attempts else None
         copied = None
@@ -512,7 +514,7 @@ class _Builder:
             origin, _, at_turn = attempt.forked_from.rpartition("@")
             if at_turn.isdigit() and h.turn <= int(at_turn):
                 copied = f"{origin}@{h.turn}"
-        view = TurnView(h.turn, h.attempt, h.epoch, h.seq, where, h.ts_ms, self.state.restarts, list(event.messages),
+        view = TurnView(h.turn, h.attempt, h.epoch, h.seq, where, h.ts_ms, state.restarts, list(event.messages),
                         list(event.actions), event.reward, self.calls, self.mutations, dict(event.resource_revisions),
                         redo_of=self.discarded.pop(h.turn, None), copied_from=copied, signed=self.signed)
         self.calls, self.mutations, self.signed = [], [], False

@@ -234,9 +234,9 @@ def run_command(args: argparse.Namespace) -> int:
     by_reason: dict[str, list[str]] = {}
     for what, why in sorted(report.skipped.items()):
         by_reason.setdefault(why, []).append(what)
-    for why, what in by_reason.items():  # thousands of sandbox rollouts make one line, not thousands
-        more = f" and {len(what) - 3} more" if len(what) > 3 else ""
-        print(f"skipped {', '.join(what[:3])}{more}: {why}")
+    for why, skipped in by_reason.items():  # thousands of sandbox rollouts make one line, not thousands
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        print(f"skipped {', '.join(skipped[:3])}{more}: {why}")
     for problem in report.read_problems:
         print(f"PROBLEM {problem}")
     if report.divergences:

@@ -165,6 +165,19 @@ def test_a_dropped_tail_is_named_at_the_turn_that_still_names_it(journal_copy: P
         assert signed_at and all(p.revision == last.revision for p in signed_at)
 
 
+def test_a_turn_naming_a_revision_below_zero_is_a_problem_not_a_crash(journal_copy: Path) -> None:
+    """A vandal's TurnCompleted that says a resource no mutation ever touched reached r-1: the audit
+    names it (it once failed on the missing chain's last location with an AttributeError)."""
+    log = TamperedLog(journal_copy)
+    turn = next(e for e in log.events() if isinstance(e, TurnCompleted))
+    forged = dataclasses.replace(turn, resource_revisions={**turn.resource_revisions, "ghost": -1})
+    log.replace(turn, forged)
+    where = log.save()
+
+    problem = named(audit(journal_copy), "inserted", where[id(forged)])
+    assert problem.resource_id == "ghost"
+
+
 def test_a_record_written_twice_is_a_duplicate(journal_copy: Path) -> None:
     log = TamperedLog(journal_copy)
     second = log.mutations(busiest_resource(log))[1]

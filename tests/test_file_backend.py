@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from journal.backend import OutRecord, Stream
-from journal.errors import CorruptRecordError, WriterLockedError
+from journal.errors import ConfigurationError, CorruptRecordError, WriterLockedError
 from journal.file_backend import FileBackend
 from journal.journal import Cursor, Journal, ReadReport
 from journal.restore import load_rollouts
@@ -182,6 +182,29 @@ def test_a_batch_whose_commit_reached_the_disk_before_its_records_is_cut(tmp_pat
     with Journal(FileBackend(root)) as j:  # the writer cuts it
         assert segment.stat().st_size == first
         assert [e.event.header.seq for e in j.read_rollout("r1")] == [0]
+
+
+def test_a_reader_cannot_compact_the_writers_snapshots(tmp_path: Path) -> None:
+    """A read-only backend asked to compact refuses before it touches a file: it once wrote its
+    generation over the live writer's, failed to commit, and deleted that file on the way out."""
+    root = tmp_path / "j"
+    with Journal(FileBackend(root)) as j:
+        j.append_sync([turn_done("r1", 0)], SnapshotDraft(header("r1", 0), "running", 0, b"v0"))
+        j.backend.compact_snapshots()  # the writer now lives in generation 1
+        live = root / "snapshots" / "0000000001.snap"
+        before = live.read_bytes()
+        reader = FileBackend(root, read_only=True)
+        try:
+            with pytest.raises(ConfigurationError, match="read-only"):
+                reader.compact_snapshots()
+        finally:
+            reader.close()
+        assert live.read_bytes() == before
+        assert reader.compaction_failures == 0
+        j.append_sync([turn_done("r1", 1, turn=1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"v1"))
+    with Journal(FileBackend(root, read_only=True)) as j:
+        assert j.snapshots().snapshots["r1"].state == b"v1"
+        assert j.backend.damage() == []
 
 
 def test_compaction_keeps_the_order_so_a_corrupt_newest_snapshot_falls_back(tmp_path: Path) -> None:

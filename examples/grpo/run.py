@@ -33,7 +33,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ class FollowingPolicy:
             self.loads += 1
             await old.aclose()
 
-    async def stream(self, request) -> AsyncIterator:
+    async def stream(self, request) -> AsyncGenerator:
         await self._follow()
         self.in_flight += 1
         try:

@@ -261,7 +261,7 @@ class WorkplaceTask:
         old, new, dist_a, dist_b, busy_a, busy_b = rng.sample(slots, 6)
         others = [c for c in sorted(CUSTOMERS) if c != customer]
 
-        drafts = [
+        drafts: list[dict[str, Any]] = [
             {"with": customer, "slot": old},
             {"with": other_customer, "slot": busy_a},
             {"with": rng.choice(others), "slot": busy_b},
@@ -274,7 +274,7 @@ class WorkplaceTask:
             if d["slot"] == old:
                 old_event_id = f"e{i}"
 
-        mails = [
+        mails: list[dict[str, Any]] = [
             {"from": contact, "subject": f"Moving our {customer} meeting",
              "body": f"Hi, can we move our {customer} meeting from {slot_name(*old)} to {slot_name(*new)}? Thanks, {contact}",
              "request": True},

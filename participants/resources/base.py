@@ -359,7 +359,7 @@ class Resource(ABC):
 
     # -- internals ---------------------------------------------------------------
     def _link(self, op: str, args: dict, result: dict, digest: str, key: str, rollout_id: str, attempt: int, epoch: int) -> MutationRecord:
-        payload = {
+        payload: dict[str, Any] = {  # the record's fields but its chain hash: what the link hashes
             "resource_id": self.resource_id, "kind": self.kind, "op": op, "args": args,
             "idempotency_key": key, "prev_revision": self._revision, "revision": self._revision + 1,
             "result": result, "state_digest": digest, "rollout_id": rollout_id,
