@@ -488,10 +488,13 @@ class Agent:
         messages = [*thoughts, Message("assistant", action), Message("tool", observation.text)]
         last = observation.done or turn + 1 >= self.config.max_turns
         reward = await self._with_resources(live, env.averify) if last else None
+        if last and reward is None:  # a user environment's verify() without a return: this rollout fails
+            raise TypeError(f"environment {live.spec.environment!r} of rollout {live.spec.rollout_id}: "
+                            "verify() returned None; it must return the rollout's reward (a float)")
         self._applied(state, TurnCompleted(state.header(self.writer), messages, call_ids,
                                            env.revisions(), reward, [action]), events)
         result = None
-        if reward is not None:  # the last turn (only its reward is verified)
+        if reward is not None:  # the last turn (only its reward is verified; None there was refused above)
             outcome = outcome_of(state, env)
             finished = self._applied(state, RolloutFinished(state.header(self.writer), reward, state.next_turn,
                                                             json.dumps(outcome)), events)

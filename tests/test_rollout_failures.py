@@ -134,3 +134,23 @@ def test_the_cli_names_the_failed_rollout_on_one_line_and_exits_1(tmp_path: Path
     failed = [line for line in err if " failed " in line]
     assert len(failed) == 1, err
     assert any(s.rollout_id in failed[0] for s in workload_specs(config)) and "SandboxCrashedError" in failed[0]
+
+
+@pytest.mark.timeout(120)
+def test_an_environment_whose_verify_returns_none_fails_its_rollouts_alone_and_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user environment's easy mistake: ``verify()`` without a ``return``. Each rollout on it
+    fails alone with an error that says so; none runs on past ``max_turns``."""
+    from participants.environments.counter import CounterEnvironment
+
+    monkeypatch.setattr(CounterEnvironment, "verify", lambda self: None)
+    config = WorkloadConfig(name="noverdict", groups=2, siblings=1, max_turns=2, environment="workplace,counter",
+                            seed=2, allow_early_submit=False, journal=str(tmp_path / "journal"))
+    report = run_workload(config, resume=False)
+
+    on_counter = {s.rollout_id for s in workload_specs(config) if s.environment == "counter"}
+    assert on_counter and set(report.failed) == on_counter
+    assert all("verify() returned None" in why for why in report.failed.values()), report.failed
+    for spec in workload_specs(config):
+        turns = [e for e in events_of(config, spec.rollout_id) if isinstance(e, TurnCompleted)]
+        assert len(turns) <= config.max_turns, spec.rollout_id
