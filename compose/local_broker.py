@@ -149,18 +149,21 @@ def describe_partition(
     controller in its own time), so "unknown topic" is asked again until ``timeout_s`` has passed."""
     deadline = time.monotonic() + timeout_s
     while True:
-        md = admin.list_topics(topic=topic, timeout=max(deadline - time.monotonic(), 0.1))
-        admin.poll(0)
-        meta = md.topics.get(topic)
-        error: KafkaError | str
-        if meta is None:
-            error, not_yet = "not in metadata", True
-        elif meta.error is None:
-            break
+        try:
+            md = admin.list_topics(topic=topic, timeout=max(deadline - time.monotonic(), 0.1))
+        except KafkaException as exc:  # no answer in time (a busy or restarting cluster): not yet either
+            error = str(exc.args[0] if exc.args else exc)
         else:
-            error, not_yet = meta.error, meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-        if not not_yet:
-            raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {error}")
+            admin.poll(0)
+            meta = md.topics.get(topic)
+            if meta is None:
+                error = "not in metadata"
+            elif meta.error is None:
+                break
+            elif meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                error = str(meta.error)
+            else:
+                raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {meta.error}")
         if time.monotonic() >= deadline:
             raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {error} after {timeout_s} s")
         time.sleep(0.1)
