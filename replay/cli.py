@@ -18,6 +18,7 @@ from .exit_codes import (
     EXIT_JOURNAL_DAMAGED,
     EXIT_OK,
     EXIT_ROLLOUTS_FAILED,
+    EXIT_USAGE,
     exit_code_for,
     one_line,
 )
@@ -85,7 +86,7 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the run report as JSON")
     p.add_argument("--crash-after", type=_positive_int, metavar="N",
                    help="crash drill: SIGKILL this process once N turns are durable (what `demo` does to its "
-                        "child); resume it afterwards")
+                        "child), then try `resume`; with `resume`, N counts the turns this process makes durable")
     p.add_argument("--crash-delay", type=_seconds, default=0.0, metavar="SECONDS",
                    help="with --crash-after: kill this long after the Nth turn, wherever the workload then is")
 
@@ -198,6 +199,9 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
 
     total = config.groups * config.siblings * config.max_turns
     override = getattr(args, "allow_topology_change", None)
+    if args.crash_delay and not args.crash_after:
+        print("rollout-journal: --crash-delay needs --crash-after (the turn it counts from)", file=sys.stderr)
+        return EXIT_USAGE
     crash = SelfKill(args.crash_after, args.crash_delay) if args.crash_after else None
     if args.progress_lines:
         def on_turn(rollout_id: str, turn: int) -> None:
@@ -213,6 +217,8 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
                 if crash is not None:
                     crash.turn_durable()
             report = run_workload(config, resume=resume, on_turn=on_turn, topology_override=override)
+    if crash is not None:
+        print(f"rollout-journal: --crash-after {args.crash_after}: {crash.disarm()}", file=sys.stderr)
     summary = {
         "journal": config.journal,
         "rollouts": len(report.rollouts),

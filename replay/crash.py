@@ -33,26 +33,54 @@ class WorkloadChildError(RolloutJournalError):
 class SelfKill:
     """SIGKILLs this process ``delay_s`` after its ``after_turns``-th durable turn: a crash drill.
 
-    Call :meth:`turn_durable` once per durable turn. With no delay the kill lands inside that
-    call; with one, a timer thread sends it while the workload goes on, so it lands wherever
-    the workload then is. A workload that ends first exits normally: no crash happened."""
+    Call :meth:`turn_durable` once per durable turn, and :meth:`disarm` when the workload has
+    ended. With no delay the kill lands inside the Nth call, while the rollouts' other turns are
+    wherever they are (generating, appending, mid-commit); with one, a timer thread sends it
+    while the workload goes on, so it lands wherever the workload then is. ``after_turns=0``
+    arms it at once. A workload that ends first is not killed: no crash happened, and
+    :meth:`disarm` says why."""
 
     def __init__(self, after_turns: int, delay_s: float = 0.0) -> None:
-        if after_turns < 1 or delay_s < 0:
+        if after_turns < 0 or not delay_s >= 0:
             raise ValueError(f"a crash after {after_turns} turns and {delay_s} s is not a crash drill")
         self.after_turns = after_turns
         self.delay_s = delay_s
         self.turns = 0
+        self._lock = threading.Lock()
+        self._disarmed = False
+        self._timer: threading.Timer | None = None
+        if after_turns == 0:
+            self._arm()
 
     def turn_durable(self) -> None:
         self.turns += 1
-        if self.turns != self.after_turns:
-            return
+        if self.turns == self.after_turns:
+            self._arm()
+
+    def disarm(self) -> str:
+        """No kill from now on (the workload ended); why the drill did not crash it."""
+        with self._lock:
+            self._disarmed = True
+            if self._timer is not None:
+                self._timer.cancel()
+        if self.turns < self.after_turns:
+            return (f"the workload ended after {self.turns} durable turns, before the crash point "
+                    f"({self.after_turns}): it was not killed")
+        return (f"the workload ended within {self.delay_s:g} s of its durable turn {self.after_turns}, "
+                "before the kill: it was not killed")
+
+    def _arm(self) -> None:
         if self.delay_s == 0:
-            os.kill(os.getpid(), signal.SIGKILL)
-        timer = threading.Timer(self.delay_s, os.kill, (os.getpid(), signal.SIGKILL))
-        timer.daemon = True
-        timer.start()
+            self._fire()
+            return
+        self._timer = threading.Timer(self.delay_s, self._fire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _fire(self) -> None:
+        with self._lock:  # held until the signal has killed us, so disarm() cannot slip in between
+            if not self._disarmed:
+                os.kill(os.getpid(), signal.SIGKILL)
 
 
 def crash_midway(config: WorkloadConfig, kill_after: int, *, extra_delay_s: float = 0.0,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
 from pathlib import Path
 
 from journal.journal import ReadReport
@@ -18,6 +17,7 @@ from participants.rollout_state import restore_state
 from participants.runner import RunReport, workload_specs
 from participants.workload import run_workload
 from replay.audit import audit_events
+from replay.crash import SelfKill
 
 _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(["participants.workload", "torch"])  # children start in milliseconds
@@ -31,28 +31,20 @@ def reference_outcomes(config: WorkloadConfig) -> dict[str, dict]:
 def _child(config_json: str, resume: bool, progress_path: str, environ: dict[str, str],
            kill_after_turns: int | None = None, extra_delay_s: float = 0.0) -> None:
     """Run the workload, appending a line per durable turn to ``progress_path``; with
-    ``kill_after_turns``, SIGKILL this process that many turns later (plus ``extra_delay_s``)."""
+    ``kill_after_turns``, SIGKILL this process that many turns later (plus ``extra_delay_s``),
+    as ``rollout-journal run --crash-after`` does."""
     os.environ.update(environ)  # the forkserver's environment is the one it started with
     config = WorkloadConfig.model_validate_json(config_json)
-
-    def arm() -> None:
-        # From another thread: the workload goes on meanwhile, so the kill lands wherever it then is.
-        timer = threading.Timer(extra_delay_s, os.kill, (os.getpid(), signal.SIGKILL))
-        timer.daemon = True  # a workload that ends first exits 0: no kill is reported that did not land
-        timer.start()
-
-    written = 0
-    if kill_after_turns == 0:
-        arm()
+    crash = SelfKill(kill_after_turns, extra_delay_s) if kill_after_turns is not None else None
     with open(progress_path, "a", buffering=1) as progress:
         def on_turn(rid: str, turn: int) -> None:
-            nonlocal written
             progress.write(f"{rid} {turn}\n")  # line-buffered: on disk before any kill
-            written += 1
-            if written == kill_after_turns:
-                arm()
+            if crash is not None:
+                crash.turn_durable()
 
         run_workload(config, resume=resume, on_turn=on_turn)
+    if crash is not None:
+        crash.disarm()  # finished first: exit 0, no kill reported that did not land
 
 
 def committed_by_progress(progress_path: Path) -> dict[str, int]:
@@ -81,9 +73,11 @@ def run_child_and_kill(config: WorkloadConfig, *, resume: bool, kill_after_turns
     try:
         child.join(timeout_s)
     finally:
-        if child.is_alive():
+        hung = child.is_alive()
+        if hung:
             child.kill()
             child.join()
+    assert not hung, f"the workload child was still running after {timeout_s:g} s (it kills itself; it hung)"
     assert child.exitcode in (0, -signal.SIGKILL), f"workload child failed with exit code {child.exitcode}"
     return child.exitcode == -signal.SIGKILL
 

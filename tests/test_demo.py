@@ -87,8 +87,9 @@ def test_a_crash_drill_run_kills_itself_once_its_turns_are_durable(tmp_path: Pat
 
 
 def test_crash_midway_counts_every_turn_the_child_reported(tmp_path: Path) -> None:
+    # Paced (50 ms a turn, 19 turns left after the fifth): the 0.05 s delay ends long before the work.
     config = WorkloadConfig(name="mid", groups=2, siblings=2, max_turns=6, seed=2, allow_early_submit=False,
-                            concurrency=4, turn_delay_ms=0, journal=str(tmp_path / "journal"))
+                            concurrency=4, turn_delay_ms=50, journal=str(tmp_path / "journal"))
     killed_after = crash_midway(config, 5, extra_delay_s=0.05)
     assert killed_after is not None and killed_after >= 5
     assert sum(a.turns for a in workload_at_crash(config).values()) >= killed_after
@@ -98,3 +99,17 @@ def test_crash_options_are_checked_before_anything_runs(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "replay.cli", "run", "examples/demo.yaml", "--crash-after", "0"],
                           capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent.parent)
     assert done.returncode == 2 and "--crash-after: 0 is not a positive number" in done.stderr
+
+
+def test_a_crash_drill_that_never_fires_says_so_and_is_not_a_crash(tmp_path: Path) -> None:
+    config = WorkloadConfig(name="nofire", groups=1, siblings=2, max_turns=2, seed=2, allow_early_submit=False,
+                            turn_delay_ms=0, journal=str(tmp_path / "journal"))
+    config_path = tmp_path / "nofire.yaml"
+    config_path.write_text(json.dumps(config.model_dump()))
+    cli = [sys.executable, "-m", "replay.cli", "run", str(config_path)]
+    root = Path(__file__).parent.parent
+    done = subprocess.run([*cli, "--crash-after", "100"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "--crash-after 100: the workload ended after 4 durable turns, before the crash point" in done.stderr
+    refused = subprocess.run([*cli, "--crash-delay", "1"], capture_output=True, text=True, timeout=300, cwd=root)
+    assert refused.returncode == 2 and "--crash-delay needs --crash-after" in refused.stderr
