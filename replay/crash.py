@@ -1,8 +1,8 @@
 """Crash a workload for real: run it in a child process and SIGKILL it.
 
 The demo and the recovery benchmark crash their workloads this way, so the kill
-lands wherever the child happens to be (generating, appending, mid-commit), not
-at a turn boundary the code chose. The child is ``rollout-journal run
+lands wherever the child's rollouts happen to be (generating, appending,
+mid-commit), not at a turn boundary the code chose for all of them. The child is ``rollout-journal run
 --progress-lines --crash-after N``: it prints one line per durable turn and arms
 its own SIGKILL N turns in (:class:`SelfKill`). A parent that watched the lines and
 sent the signal itself could, starved of CPU, read them after the workload had
