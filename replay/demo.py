@@ -18,7 +18,7 @@ from participants.runner import RestoreTiming, RunReport
 from participants.workload import run_workload
 
 from .crash import WorkloadChildError, crash_midway
-from .redone import workload_at_crash, workload_redone
+from .redone import AtCrash, workload_at_crash, workload_redone
 
 
 @dataclass
@@ -111,7 +111,7 @@ def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after:
                                  f"({kill_after} turns); choose a smaller --kill-after")
     report.killed_after_turns = killed_after
     say("3/4 reading what the journal holds at the crash")
-    at_crash = workload_at_crash(config)
+    at_crash = _at_crash(config, killed_after)
     say("4/4 resuming: attempt N+1 of every unfinished rollout")
     resumed = run_workload(config, resume=True)
     report.restore = resumed.restore
@@ -130,6 +130,19 @@ def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after:
         report.differences.append(f"{report.killed_after_turns - committed} turns reported durable are not in the journal")
     report.identical_to_uninterrupted = not report.differences
     return report
+
+
+def _at_crash(config: WorkloadConfig, reported: int, patience_s: float = 10.0) -> dict[str, AtCrash]:
+    """What the journal holds at the crash, read again (``patience_s`` at most) until it holds the
+    ``reported`` turns the child said were durable. On Kafka, a commit returns before the broker
+    has written its transaction's markers to the partitions, and a read-committed reader sees the
+    transaction only after that: a reader opened at once could report turns lost that are not."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        at_crash = workload_at_crash(config)
+        if sum(a.turns for a in at_crash.values()) >= reported or time.monotonic() >= deadline:
+            return at_crash
+        time.sleep(0.2)
 
 
 def format_table(report: DemoReport) -> str:
