@@ -77,7 +77,7 @@ def compare(reference: RunReport, resumed: RunReport) -> list[str]:
         if got == expected:
             continue
         if expected is None:  # unfinished in the reference run: there are no keys to compare
-            differences.append(f"{rid}: finished only after the crash")
+            differences.append(f"{rid}: unfinished in the uninterrupted run, finished after the crash")
             continue
         keys = sorted(k for k in expected if got is None or got.get(k) != expected.get(k))
         differences.append(f"{rid}: {', '.join(keys)} differ")
