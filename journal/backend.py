@@ -124,6 +124,14 @@ class Backend(ABC):
         rollout's results record lies on its own partition, like its events)."""
         raise ConfigurationError(f"a {self.kind} journal keeps no results stream")
 
+    def take_partition(self, partition: int) -> None:
+        """Become the only writer of ``partition``, fencing its previous owner (a fleet's backend)."""
+        raise ConfigurationError(f"a {self.kind} journal has one writer; partitions cannot be taken")
+
+    def release_partition(self, partition: int) -> None:
+        """Stop writing ``partition``, so that another worker may take it (a fleet's backend)."""
+        raise ConfigurationError(f"a {self.kind} journal has one writer; partitions cannot be released")
+
     def damage(self) -> list[JournalDamageError]:
         """Damage to the storage that no record read will show (a lost snapshot file).
         ``Journal`` adds it to every ``ReadReport`` it fills; it raises nothing by itself."""

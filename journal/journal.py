@@ -250,19 +250,13 @@ class Journal:
     def take_partition(self, partition: int) -> None:
         """Become the only writer of ``partition``: the backend fences its previous owner and ends
         that owner's open transaction. Restore the partition's rollouts after this, never before."""
-        take = getattr(self.backend, "take_partition", None)
-        if take is None:
-            raise ConfigurationError(f"a {self.backend.kind} journal has one writer; partitions cannot be taken")
-        take(partition)
+        self.backend.take_partition(partition)
         self._committed_end.pop(partition, None)  # the next snapshot asks where the partition ends now
 
     def release_partition(self, partition: int) -> None:
         """Stop writing ``partition`` (its rollouts were stopped and their appends are durable) and
         forget what this writer knew of its rollouts: whoever takes it next restores them."""
-        release = getattr(self.backend, "release_partition", None)
-        if release is None:
-            raise ConfigurationError(f"a {self.backend.kind} journal has one writer; partitions cannot be released")
-        release(partition)
+        self.backend.release_partition(partition)
         with self._fence_lock:
             for rollout_id in [r for r in self._attempts if self.partition_of(r) == partition]:
                 del self._attempts[rollout_id]

@@ -486,3 +486,11 @@ def test_a_workload_resumes_identically_after_its_snapshot_generation_was_delete
     final = run_workload(config, resume=True)
     assert final.rollouts[b].turns_committed_before == 3 and final.rollouts[a].reused_result
     assert_identical(final, reference)
+
+
+def test_a_file_journal_has_one_writer_so_partitions_are_neither_taken_nor_released(tmp_path: Path) -> None:
+    with Journal(FileBackend(tmp_path / "j")) as journal:
+        with pytest.raises(ConfigurationError, match="a file journal has one writer; partitions cannot be taken"):
+            journal.take_partition(0)
+        with pytest.raises(ConfigurationError, match="a file journal has one writer; partitions cannot be released"):
+            journal.release_partition(0)
