@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -191,6 +192,9 @@ def _serve_resources(args: argparse.Namespace) -> int:
 def _workload(args: argparse.Namespace, resume: bool) -> int:
     from participants.config import WorkloadConfig
 
+    if args.crash_delay and not args.crash_after:
+        print("rollout-journal: --crash-delay needs --crash-after (the turn it counts from)", file=sys.stderr)
+        return EXIT_USAGE
     # Validated before torch is imported or anything is created: bad input fails at once.
     config = WorkloadConfig.load(args.config, journal=args.journal, writer=args.writer)
     from participants.workload import run_workload
@@ -199,24 +203,24 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
 
     total = config.groups * config.siblings * config.max_turns
     override = getattr(args, "allow_topology_change", None)
-    if args.crash_delay and not args.crash_after:
-        print("rollout-journal: --crash-delay needs --crash-after (the turn it counts from)", file=sys.stderr)
-        return EXIT_USAGE
     crash = SelfKill(args.crash_after, args.crash_delay) if args.crash_after else None
-    if args.progress_lines:
+    with contextlib.ExitStack() as stack:
+        if args.progress_lines:
+            def show(rollout_id: str, turn: int) -> None:
+                print(f"{PROGRESS_LINE} {rollout_id} {turn}", flush=True)
+        else:
+            from tqdm import tqdm
+            bar = stack.enter_context(tqdm(total=total, unit="turn", desc=config.name, disable=None, file=sys.stderr))
+
+            def show(rollout_id: str, turn: int) -> None:
+                bar.update()
+
         def on_turn(rollout_id: str, turn: int) -> None:
-            print(f"{PROGRESS_LINE} {rollout_id} {turn}", flush=True)
+            show(rollout_id, turn)  # reported before any kill: a reported turn is a durable one
             if crash is not None:
                 crash.turn_durable()
+
         report = run_workload(config, resume=resume, on_turn=on_turn, topology_override=override)
-    else:
-        from tqdm import tqdm
-        with tqdm(total=total, unit="turn", desc=config.name, disable=None, file=sys.stderr) as bar:
-            def on_turn(rollout_id: str, turn: int) -> None:
-                bar.update()
-                if crash is not None:
-                    crash.turn_durable()
-            report = run_workload(config, resume=resume, on_turn=on_turn, topology_override=override)
     if crash is not None:
         print(f"rollout-journal: --crash-after {args.crash_after}: {crash.disarm()}", file=sys.stderr)
     summary = {
@@ -297,9 +301,11 @@ def _worker(args: argparse.Namespace) -> int:
     check_journal_location(args.journal)
     from participants.worker import FleetWorker
 
+    from .crash import PROGRESS_LINE
+
     def on_turn(rollout_id: str, turn: int) -> None:
         if args.progress_lines:
-            print(f"turn-committed {rollout_id} {turn}", flush=True)
+            print(f"{PROGRESS_LINE} {rollout_id} {turn}", flush=True)
 
     def on_event(line: str) -> None:
         if args.progress_lines:
