@@ -156,6 +156,16 @@ class ModelParticipant:
         new_logprobs: list[np.ndarray] = []
         finish: str | None = None
         marks = _MarkClock(progress_interval_s)
+
+        def mark(step: int) -> None:
+            """Journal the progress at every ``step`` tokens past the last mark, if there is any."""
+            nonlocal journaled_tokens
+            marked_to = self._progress(state, writer, call_id, call_index, prompt_sha, prefix_ids, prefix_logprobs,
+                                       new_ids, new_logprobs, journaled_tokens, step, on_progress)
+            if marked_to != journaled_tokens:
+                journaled_tokens = marked_to
+                marks.marked()
+
         while finish is None:
             ticket = await self.gate.admit()
             started = time.perf_counter()
@@ -167,12 +177,7 @@ class ModelParticipant:
                     new_logprobs.append(chunk.logprobs)
                     finish = chunk.finish_reason
                     if every and finish is None and marks.due():
-                        marked_to = self._progress(state, writer, call_id, call_index, prompt_sha,
-                                                   prefix_ids, prefix_logprobs, new_ids, new_logprobs,
-                                                   journaled_tokens, every, on_progress)
-                        if marked_to != journaled_tokens:
-                            journaled_tokens = marked_to
-                            marks.marked()
+                        mark(every)
             except CallAborted:
                 if not resumable:  # start over once the gate opens: only the journaled prefix is kept
                     new_ids, new_logprobs = [], []
@@ -180,12 +185,7 @@ class ModelParticipant:
                 self.gate.release(ticket)
             if finish is None:  # aborted: continue from everything generated so far
                 if every:  # mark what the time floor held back: the checkpoint's pause can be long
-                    marked_to = self._progress(state, writer, call_id, call_index, prompt_sha, prefix_ids,
-                                               prefix_logprobs, new_ids, new_logprobs, journaled_tokens, 1,
-                                               on_progress)
-                    if marked_to != journaled_tokens:
-                        journaled_tokens = marked_to
-                        marks.marked()
+                    mark(1)
                 prefix_ids, prefix_logprobs = _joined(prefix_ids, new_ids), _joined(prefix_logprobs, new_logprobs)
                 segments = _extended(segments, state.attempt, self.backend.policy_version,
                                      sum(len(c) for c in new_ids))
