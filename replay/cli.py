@@ -215,11 +215,7 @@ def _workload(args: argparse.Namespace, resume: bool) -> int:
             def show(rollout_id: str, turn: int) -> None:
                 bar.update()
 
-        def on_turn(rollout_id: str, turn: int) -> None:
-            show(rollout_id, turn)  # reported before any kill: a reported turn is a durable one
-            if crash is not None:
-                crash.turn_durable()
-
+        on_turn = show if crash is None else crash.counting(show)
         report = run_workload(config, resume=resume, on_turn=on_turn, topology_override=override)
     if crash is not None:
         print(f"rollout-journal: --crash-after {args.crash_after}: {crash.disarm()}", file=sys.stderr)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 
 import yaml
 
@@ -56,6 +57,14 @@ class SelfKill:
         self.turns += 1
         if self.turns == self.after_turns:
             self._arm()
+
+    def counting(self, on_turn: Callable[[str, int], None]) -> Callable[[str, int], None]:
+        """``on_turn`` (a workload's durable-turn callback), then this drill's count: whatever
+        ``on_turn`` reports of a turn is out before the kill that turn may arm."""
+        def counted(rollout_id: str, turn: int) -> None:
+            on_turn(rollout_id, turn)
+            self.turn_durable()
+        return counted
 
     def disarm(self) -> str:
         """No kill from now on (the workload ended); why the drill did not crash it."""

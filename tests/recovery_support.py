@@ -37,12 +37,10 @@ def _child(config_json: str, resume: bool, progress_path: str, environ: dict[str
     config = WorkloadConfig.model_validate_json(config_json)
     crash = SelfKill(kill_after_turns, extra_delay_s) if kill_after_turns is not None else None
     with open(progress_path, "a", buffering=1) as progress:
-        def on_turn(rid: str, turn: int) -> None:
+        def report(rid: str, turn: int) -> None:
             progress.write(f"{rid} {turn}\n")  # line-buffered: on disk before any kill
-            if crash is not None:
-                crash.turn_durable()
 
-        run_workload(config, resume=resume, on_turn=on_turn)
+        run_workload(config, resume=resume, on_turn=report if crash is None else crash.counting(report))
     if crash is not None:
         crash.disarm()  # finished first: exit 0, no kill reported that did not land
 

@@ -183,3 +183,12 @@ def test_a_good_workload_still_runs(workdir, capsys) -> None:
     assert (workdir / "j" / "log").is_dir()
     assert main(["resume", config, "--journal", "j", "--json"]) == EXIT_OK
     assert EXIT_USAGE == 2  # argparse's own
+
+
+def test_crash_drill_options_are_checked_before_anything_runs(workdir, capsys) -> None:
+    config = write(workdir / "w.yaml", SMALL)
+    with pytest.raises(SystemExit) as exited:
+        main(["run", config, "--crash-after", "0"])
+    assert exited.value.code == EXIT_USAGE and "--crash-after: 0 is not a positive number" in capsys.readouterr().err
+    refused(capsys, ["run", config, "--crash-delay", "1"], EXIT_USAGE, "--crash-delay needs --crash-after")
+    assert created(workdir, config) == []
