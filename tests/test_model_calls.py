@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from journal.events import ModelCall, ResourceMutation, RolloutFailed
+import numpy as np
+
+from journal.events import AttemptStarted, Header, ModelCall, ResourceMutation, RolloutFailed
 from journal.journal import ReadReport
 from journal.open import open_journal
 from participants.config import WorkloadConfig
 from participants.environments import Environment
 from participants.generation import GenerationRequest, SamplingParams, TokenChunk
 from participants.resources import canonical_json
-from participants.rollout_state import RolloutSpec
+from participants.rollout_state import RolloutSpec, RolloutState
 from participants.runner import Runner, workload_specs
 from participants.tiny_model import tiny_model_dir
 from participants.torch_policy import TorchPolicy
@@ -30,17 +33,15 @@ class UnsteadyServer:
     deterministic = False
     resumes_constrained = True
 
-    def __init__(self, salt: int, delay_s: float = 0.0) -> None:
+    def __init__(self, salt: int) -> None:
         self.inner = TorchPolicy(tiny_model_dir())
         self.tokenizer, self.policy_version = self.inner.tokenizer, self.inner.policy_version
-        self.salt, self.delay_s = salt, delay_s
+        self.salt = salt
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
         p = request.params
         salted = dataclasses.replace(request, params=SamplingParams(p.temperature, p.top_p, p.max_tokens,
                                                                     (p.seed or 0) ^ self.salt))
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)  # a server's round trip: the event loop is free meanwhile
         async for chunk in self.inner.stream(salted):
             yield chunk
 
@@ -202,9 +203,7 @@ class PacedPolicy:
 
 def progress_marks(interval_s: float, pause_s: float = 0.01) -> list[tuple[float, int, int]]:
     """(when, start, end) of each progress mark of one 160-token free-form call, a mark due every 16 tokens."""
-    from journal.events import AttemptStarted, Header
     from participants.model import ModelParticipant
-    from participants.rollout_state import RolloutState
 
     backend = PacedPolicy(pause_s)
     state = RolloutState("pm-g0-s0", "pm-g0")
@@ -213,8 +212,6 @@ def progress_marks(interval_s: float, pause_s: float = 0.01) -> list[tuple[float
     marks: list[tuple[float, int, int]] = []
 
     def on_progress(event) -> None:
-        import time
-
         marks.append((time.monotonic(), event.start, event.start + len(event.output_ids)))
         state.apply(event)
 
@@ -255,8 +252,6 @@ class CountingServer:
         self.pause_s = pause_s
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
-        import numpy as np
-
         position, size = len(request.prefix_ids), request.chunk_tokens or 1
         while position < request.params.max_tokens:
             await asyncio.sleep(self.pause_s)
@@ -273,11 +268,7 @@ def test_an_aborted_call_journals_its_unmarked_tokens_before_it_waits() -> None:
     """A call the gate aborts while the time floor holds its next mark back journals the tokens
     it has before it waits out the checkpoint: a crash during the pause loses none of them, and
     no mark spans the abort (one mark names one policy version for all its tokens)."""
-    import numpy as np
-
-    from journal.events import AttemptStarted, Header
     from participants.model import ModelParticipant
-    from participants.rollout_state import RolloutState
 
     state = RolloutState("ab-g0-s0", "ab-g0")
     state.apply(AttemptStarted(Header("ab-g0-s0", "ab-g0", 1, 1, 0, 0, 0, "test"), 0, "topology", "new"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from compose.local_broker import PORT_ATTEMPTS, free_ports
 from participants.tiny_model import tiny_model_dir
 from participants.vllm_backend import VllmEngine, vllm_environment
 
@@ -33,20 +33,14 @@ def vllm_engine() -> VllmEngine:
     return VllmEngine.shared(tiny_model_dir())
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start_server(env: dict[str, str]) -> tuple[subprocess.Popen, int, Path]:
     """Start the server on a port free now and wait until it answers: (process, port, its log).
 
     The port is bound by the server only after it imported vLLM (minutes under load), and
     meanwhile any outgoing connection on the machine may be given it: a server that exits
     because its address is in use is started again on another port."""
-    for attempt in range(1, 4):
-        port = _free_port()
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        [port] = free_ports(1)
         fd, name = tempfile.mkstemp(prefix="rj-vllm-server-", suffix=".log")
         os.close(fd)
         log = Path(name)
@@ -60,8 +54,9 @@ def _start_server(env: dict[str, str]) -> tuple[subprocess.Popen, int, Path]:
             _wait_healthy(server, port, log)
             return server, port, log
         except RuntimeError:
+            exited_by_itself = server.poll() is not None  # not a health timeout we end below
             _stop(server)
-            if server.returncode is not None and "Address already in use" in log.read_text() and attempt < 3:
+            if exited_by_itself and "Address already in use" in log.read_text() and attempt < PORT_ATTEMPTS:
                 log.unlink()
                 continue
             raise
