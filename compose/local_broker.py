@@ -318,17 +318,20 @@ def start_local_cluster(
     root = Path(tempfile.mkdtemp(prefix="rollout-journal-kafka-")) if data_dir is None else Path(data_dir)
     root = root.resolve()
     root.mkdir(parents=True, exist_ok=True)
-    for attempt in range(1, PORT_ATTEMPTS + 1):
-        try:
-            return _start_once(java, libs, nodes, root, owns, extra_config, ready_timeout_s, detached, sasl)
-        except _PortTaken as taken:
-            if attempt == PORT_ATTEMPTS:
-                if owns:
-                    shutil.rmtree(root, ignore_errors=True)
-                raise taken.error from None
-            log.warning("a port picked for the %d-node cluster was taken before its broker bound it: "
-                        "starting again on other ports", nodes)
-    raise AssertionError("unreachable")
+    try:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return _start_once(java, libs, nodes, root, owns, extra_config, ready_timeout_s, detached, sasl)
+            except PortTakenError:
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                log.warning("a port picked for the %d-node cluster was taken before its broker bound it: "
+                            "starting again on other ports", nodes)
+        raise AssertionError("unreachable")
+    except BaseException:
+        if owns:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
 
 
 # Ports are picked free, but a JVM binds them seconds later; meanwhile another process (any
@@ -337,12 +340,8 @@ def start_local_cluster(
 PORT_ATTEMPTS = 3
 
 
-class _PortTaken(Exception):
-    """A broker of this start could not bind its port; ``error`` is what the caller gets if no retry is left."""
-
-    def __init__(self, error: BrokerStartError) -> None:
-        super().__init__(str(error))
-        self.error = error
+class PortTakenError(BrokerStartError):
+    """A broker could not bind its port: another process took it between picking and binding."""
 
 
 def _start_once(
@@ -391,13 +390,11 @@ def _start_once(
             what=f"{nodes}-node cluster", security=cluster.admin_security,
         )
     except BaseException as error:
-        cluster.stop(timeout_s=5.0, remove_data=False)  # the logs say why, below
+        cluster.stop(timeout_s=5.0, remove_data=False)  # the logs say why, below; the caller removes what it owns
         if isinstance(error, BrokerStartError) and any(_bind_failed(node) for node in members):
-            for node_dir in created:
+            for node_dir in created:  # a fresh try needs them empty
                 shutil.rmtree(node_dir, ignore_errors=True)
-            raise _PortTaken(error) from None
-        if owns:
-            shutil.rmtree(root, ignore_errors=True)
+            raise PortTakenError(str(error)) from error
         raise
     log.info(
         "Kafka %d-node cluster ready at %s in %.1f s (data in %s%s)",
