@@ -22,6 +22,7 @@ from participants.resources import (
     Resource,
     StaleEpochError,
 )
+from tests.processes import children_of
 
 
 class Agent:
@@ -89,17 +90,7 @@ def optimal_actions(env: Environment, agent: Agent) -> list[str]:
 
 
 def child_pids() -> set[int]:
-    me, found = os.getpid(), set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            if ppid == me:
-                found.add(int(entry))
-    return found
+    return children_of(os.getpid())
 
 
 def alive(pid: int) -> bool:

@@ -34,6 +34,7 @@ from replay.listing import list_rollouts
 from replay.partition_scan import PartitionScan, ScanWorkerError, jobs_for
 from replay.progress import Progress
 from replay.source import ReplaySource, open_replay
+from tests.processes import children_of
 
 HERE = RecordLocation("ns.events", 1, 42)
 ROOT = Path(__file__).resolve().parent.parent
@@ -279,15 +280,7 @@ def test_every_worker_starts_with_ctrl_c_held(tmp_path: Path) -> None:
     assert done.stdout.strip() == "[True, True]"
 
 
-def children_of(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            pass
-    return found
+
 
 
 @pytest.mark.kafka
@@ -301,8 +294,7 @@ def test_ctrl_c_while_workers_start_is_one_line_and_ends_them(kafka_bootstrap: s
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
-        while len(workers := [p for p in children_of(cli.pid) if b"spawn_main" in Path(f"/proc/{p}/cmdline")
-                              .read_bytes()]) < 2 and time.monotonic() < deadline:
+        while len(workers := children_of(cli.pid, cmdline_holds=b"spawn_main")) < 2 and time.monotonic() < deadline:
             time.sleep(0.005)
         assert len(workers) == 2
         time.sleep(0.2)  # the workers are importing what they run

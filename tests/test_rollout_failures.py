@@ -20,6 +20,7 @@ from participants.runner import Runner, workload_specs
 from participants.workload import build_backend, run_workload
 from replay.cli import main
 from replay.exit_codes import EXIT_ROLLOUTS_FAILED
+from tests.processes import children_of
 from tests.recovery_support import assert_identical, reference_outcomes
 
 
@@ -89,18 +90,7 @@ def test_a_killed_sandbox_fails_its_rollout_alone_journaled_and_retried_on_resum
 
 def _sandbox_children() -> list[int]:
     """Pids of the sandbox interpreters this process started (their parent is us)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            cmdline = (entry / "cmdline").read_bytes()
-        except (OSError, IndexError, ValueError):
-            continue
-        if ppid == os.getpid() and b"proto_in" in cmdline:
-            pids.append(int(entry.name))
-    return pids
+    return sorted(children_of(os.getpid(), cmdline_holds=b"proto_in"))
 
 
 class KillOneSandboxOnFirstTurn(io.TextIOBase):
