@@ -244,8 +244,11 @@ class ModelParticipant:
                     return
         finally:
             aborted.cancel()
-            if step is not None and not step.done():  # aborted, or this call cancelled (a fenced writer's stop)
-                step.cancel()  # the stream's generator must be suspended before it can be closed
+            if step is not None:
+                if not step.done():  # aborted, or this call cancelled (a fenced writer's stop)
+                    step.cancel()  # the stream's generator must be suspended before it can be closed
+                # Read its outcome, whatever it is: a step that ended (the stream's end, an error) just
+                # before this call was cancelled would otherwise be logged as an unretrieved task error.
                 await asyncio.gather(step, return_exceptions=True)
             await stream.aclose()
 

@@ -6,7 +6,9 @@ than sampling another action under the same idempotency keys."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import gc
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -310,3 +312,49 @@ def test_an_infinite_time_floor_is_refused_not_a_silent_off_switch() -> None:
     with pytest.raises(ValidationError, match="progress_min_interval_ms"):
         WorkloadConfig(name="floor", progress_min_interval_ms=float("inf"))
     assert WorkloadConfig(name="floor", progress_min_interval_ms=0).progress_min_interval_ms == 0
+
+
+class CancelledAsItEnds:
+    """A stream that ends at once, its caller cancelled in the same turn of the event loop: what a
+    fenced worker's stop does to a call whose stream has just run out."""
+
+    deterministic = True
+    resumes_constrained = True
+    policy_version = "ends-v1"
+
+    def __init__(self) -> None:
+        self.caller: asyncio.Task | None = None
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        assert self.caller is not None
+        asyncio.get_running_loop().call_soon(self.caller.cancel)  # before the call sees the stream's end
+        return
+        yield  # an async generator
+
+    async def aclose(self) -> None:
+        pass
+
+
+def test_a_call_cancelled_as_its_stream_ends_leaves_no_unretrieved_task_error() -> None:
+    """CI saw "Task exception was never retrieved ... StopAsyncIteration" on stderr of a fenced
+    `run`: the call was cancelled after its stream had ended and before it looked, and the step
+    task holding the stream's end was never read."""
+    from participants.model import ModelParticipant
+
+    backend = CancelledAsItEnds()
+    state = RolloutState("ce-g0-s0", "ce-g0")
+    state.apply(AttemptStarted(Header("ce-g0-s0", "ce-g0", 1, 1, 0, 0, 0, "test"), 0, "topology", "new"))
+    unretrieved: list[dict] = []
+
+    async def scenario() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda loop, context: unretrieved.append(context))
+        call = asyncio.create_task(ModelParticipant(backend).call(
+            state, np.arange(8, dtype=np.int32), SamplingParams(0.0, 1.0, 16, 1), None, "ce/c0", writer="test"))
+        backend.caller = call
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        gc.collect()  # a task's unretrieved error is reported when the task is collected
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    assert unretrieved == []
