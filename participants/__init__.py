@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "TrainerFeed": ".trainer",
     "PromptGroup": ".trainer",
     "FeedPosition": ".trainer",
+    "WaitingGroup": ".trainer",
     "TokenLineage": ".token_lineage",
     # the agent, the model, checkpoints
     "Agent": ".agent",
@@ -143,6 +144,7 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "UnknownEnvironmentError",
     "VllmBackend",
     "VllmEngine",
+    "WaitingGroup",
     "WorkerReport",
     "WorkloadConfig",
     "build_backend",
@@ -213,7 +215,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
     from .token_lineage import TokenLineage
     from .tokenizer import ChatTokenizer, default_tokenizer
     from .torch_policy import TorchPolicy
-    from .trainer import FeedPosition, PromptGroup, TrainerFeed
+    from .trainer import FeedPosition, PromptGroup, TrainerFeed, WaitingGroup
     from .vllm_backend import VllmBackend, VllmEngine
     from .worker import FleetWorker, WorkerReport, submit_workload
     from .workload import build_backend, open_workload_journal, run_workload

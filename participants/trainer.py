@@ -42,14 +42,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from journal.backend import Backend
-from journal.errors import ConfigurationError, JournalError
+from journal.errors import ConfigurationError, JournalError, RecordLocation
 from journal.events import FenceEntry, Header, TrainingRecord
 from journal.journal import Journal
 from journal.results import PublishedResult, ResultsDecoder, ResultsFollower, follow_results
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FeedPosition", "PromptGroup", "TrainerFeed"]
+__all__ = ["FeedPosition", "PromptGroup", "TrainerFeed", "WaitingGroup"]
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,22 @@ class PromptGroup:
                 "loss_mask": torch.from_numpy(loss_mask), "attention_mask": torch.from_numpy(attention),
                 "rewards": torch.tensor(self.rewards, dtype=torch.float32),
                 "policy_versions": [sorted({s.policy_version for s in r.token_segments}) for r in self.records]}
+
+
+@dataclass(frozen=True)
+class WaitingGroup:
+    """A group the feed holds back, its siblings not all in: it pins where a resumed feed starts
+    (``first``), so one that never completes (a sibling failed for good, or set aside) makes a
+    restarted trainer reread everything after it. What an operator needs to find the missing."""
+
+    group_id: str
+    size: int  # siblings the group needs
+    arrived: tuple[str, ...]  # rollout ids of those in, sorted
+    first: RecordLocation  # where its first record read lies
+
+    @property
+    def missing(self) -> int:
+        return self.size - len(self.arrived)
 
 
 @dataclass
@@ -231,6 +247,12 @@ class TrainerFeed:
         if self.acknowledger is not None:  # without one there is nothing a successor could acknowledge
             self._unacked[group_id] = [_ack_entry(r) for r in records]
         self._ready.append(PromptGroup(group_id, records, self.position()))
+
+    def waiting(self) -> list[WaitingGroup]:
+        """The groups read but not complete yet, in the order their first records were read."""
+        return [WaitingGroup(group_id, pending.size, tuple(sorted(pending.results)),
+                             next(iter(pending.results.values())).location)
+                for group_id, pending in self._pending.items()]
 
     def position(self) -> FeedPosition:
         """Where a feed built now would resume: before every record of a group not yet handed on

@@ -94,11 +94,15 @@ def test_a_position_resumes_after_the_groups_handed_on_and_before_the_rest(tmp_p
     with TrainerFeed(backend) as feed:
         first = feed.poll(5)
         assert first is not None and first.group_id == "A" and feed.poll(0.1) is None  # B waits for its sibling
+        [waiting] = feed.waiting()  # what holds the position back, for an operator to find
+        assert (waiting.group_id, waiting.arrived, waiting.missing) == ("B", ("b0",), 1)
+        assert waiting.first.offset == first.position.offsets[0]  # a resumed feed starts at it
     assert first.position.delivered == {"A"}  # a1 lies past b0, where a resumed feed starts
     publish(backend, record("b1", "B", 2), record("a1", "A", 2))  # a1 again: a repeat the feed must drop
     with TrainerFeed(backend, FeedPosition.from_json(first.position.to_json())) as feed:
         second = feed.poll(5)
         assert second is not None and second.group_id == "B" and second.rollout_ids == ["b0", "b1"]
+        assert feed.waiting() == []
         assert feed.poll(0.1) is None
     with TrainerFeed(backend, second.position) as feed:
         assert feed.poll(0.2) is None  # nothing is handed on twice
