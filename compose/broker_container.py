@@ -17,10 +17,10 @@ import logging
 import os
 import uuid
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from compose.broker_image import DockerImageError, image_name, image_status
+from compose.cluster_handle import BrokerHandle
 from compose.local_broker import BrokerStartError, free_ports, wait_for_brokers
 
 log = logging.getLogger(__name__)
@@ -31,21 +31,13 @@ _LIVE: set[BrokerContainer] = set()
 
 
 @dataclass(eq=False)
-class BrokerContainer:
+class BrokerContainer(BrokerHandle):
     """A running broker container; a context manager, or call :meth:`stop`."""
 
     container: Any  # testcontainers.core.container.DockerContainer
     bootstrap_servers: str
     image: str
     _stopped: bool = field(default=False, repr=False)
-
-    def __enter__(self) -> BrokerContainer:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def name(self) -> str:

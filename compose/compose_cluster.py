@@ -4,9 +4,9 @@
 free loopback ports (the compose file's port variables) and the locally built
 image, and returns once all three brokers are registered. The
 :class:`ComposeKafkaCluster` it returns has the fault-drill interface of
-:class:`compose.local_broker.LocalKafkaCluster` (``kill_node``, ``restart_node``,
-``partition_leader``), so one drill runs on either; ``down`` removes containers
-and volumes. Debian's ``docker-compose`` (1.29) is used, or ``docker compose``.
+:class:`compose.local_broker.LocalKafkaCluster` (``kill_node``, ``restart_node``, and
+``partition_leader`` from their shared :class:`compose.cluster_handle.ClusterHandle`), so one
+drill runs on either; ``down`` removes containers and volumes. Debian's ``docker-compose`` (1.29) is used, or ``docker compose``.
 """
 
 from __future__ import annotations
@@ -20,20 +20,11 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-
-from confluent_kafka.admin import AdminClient
 
 from compose.broker_image import DockerImageError, docker_cli, image_name, image_status
+from compose.cluster_handle import ClusterHandle
 from compose.errors import LocalBrokerError
-from compose.local_broker import (
-    DESCRIBE_TIMEOUT_S,
-    PartitionState,
-    admin_client,
-    describe_partition,
-    free_ports,
-    wait_for_brokers,
-)
+from compose.local_broker import free_ports, wait_for_brokers
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +84,7 @@ def run_compose(
 
 
 @dataclass(eq=False)
-class ComposeKafkaCluster:
+class ComposeKafkaCluster(ClusterHandle):
     """A running compose project of the 3-node cluster. Use as a context manager, or call :meth:`down`."""
 
     project: str
@@ -101,15 +92,6 @@ class ComposeKafkaCluster:
     image: str
     env: dict[str, str]
     _down: bool = field(default=False, repr=False)
-    _admin_client: AdminClient | None = field(default=None, repr=False)
-
-    def __enter__(self) -> ComposeKafkaCluster:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.down()
 
     @property
     def bootstrap_servers(self) -> str:
@@ -131,6 +113,8 @@ class ComposeKafkaCluster:
         self._admin_client = None
         _LIVE.discard(self)
         self.compose("down", "--volumes", "--timeout", "5")
+
+    stop = down  # the name every broker handle answers to; a ``with`` block calls it
 
     def kill_node(self, node_id: int) -> None:
         """SIGKILL one node's broker (a crash); Docker does not restart a killed container."""
@@ -178,21 +162,6 @@ class ComposeKafkaCluster:
         done = subprocess.run([docker_cli(), "logs", "--tail", str(lines), cid], capture_output=True, text=True,
                               check=False, stdin=subprocess.DEVNULL)
         return f"--- {service(node_id)}: docker logs\n" + (done.stdout + done.stderr).rstrip()
-
-    # ----- metadata
-
-    @property
-    def admin(self) -> AdminClient:
-        if self._admin_client is None:
-            self._admin_client = admin_client(self.bootstrap_servers)
-        return self._admin_client
-
-    def describe_partition(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> PartitionState:
-        return describe_partition(self.admin, self.bootstrap_servers, topic, partition, timeout_s)
-
-    def partition_leader(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> int | None:
-        """Node id leading ``topic``/``partition``, or None while no leader is elected."""
-        return self.describe_partition(topic, partition, timeout_s).leader
 
 
 def start_compose_cluster(

@@ -21,15 +21,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from compose.broker_daemon import status
 from compose.broker_jars import MissingToolError, ensure_broker_jars
 from compose.cli import register_kafka_commands, run_kafka_command
+from compose.cluster_handle import admin_client, describe_partition
 from compose.errors import LocalBrokerError
-from compose.local_broker import (
-    BrokerStartError,
-    LocalKafkaCluster,
-    admin_client,
-    describe_partition,
-    free_ports,
-    start_local_cluster,
-)
+from compose.local_broker import BrokerStartError, LocalKafkaCluster, free_ports, start_local_cluster
 
 CLIENT_LOG = logging.getLogger("tests.kafka.client")
 REPO_ROOT = Path(__file__).resolve().parent.parent
