@@ -12,7 +12,6 @@ Needs the ``docker`` extra (``pip install -e '.[docker]'``: testcontainers).
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import uuid
@@ -27,7 +26,6 @@ log = logging.getLogger(__name__)
 
 NAME_PREFIX = "rollout-journal-kafka-"
 RYUK_ENV_VAR = "TESTCONTAINERS_RYUK_DISABLED"
-_LIVE: set[BrokerContainer] = set()
 
 
 @dataclass(eq=False)
@@ -65,7 +63,7 @@ class BrokerContainer(BrokerHandle):
         if self._stopped:
             return
         self._stopped = True
-        _LIVE.discard(self)
+        self._forget_at_exit()
         self.container.stop()
 
 
@@ -105,7 +103,7 @@ def start_broker_container(
             "KAFKA_EXTRA_PROPERTIES", "\n".join(f"{k}={v}" for k, v in extra_config.items())
         )
     broker = BrokerContainer(container, f"127.0.0.1:{port}", image)
-    _LIVE.add(broker)
+    broker.stop_at_exit()  # without Ryuk nothing else removes a container whose test run died
     try:
         container.start()
         wait_for_brokers(
@@ -132,12 +130,3 @@ def _docker_container_class() -> Any:
     testcontainers_config.ryuk_disabled = True
     return DockerContainer
 
-
-@atexit.register
-def _remove_leftovers() -> None:
-    # Without Ryuk nothing else removes a container whose test run died.
-    for broker in list(_LIVE):
-        try:
-            broker.stop()
-        except Exception as exc:  # noqa: BLE001 - best effort at interpreter exit
-            log.warning("could not remove broker container: %s", exc)

@@ -2,14 +2,16 @@
 
 The jar launcher (:mod:`compose.local_broker`), Docker Compose (:mod:`compose.compose_cluster`)
 and testcontainers (:mod:`compose.broker_container`) each return a handle. :class:`BrokerHandle`
-makes any of them a ``with`` block that stops what it started; :class:`ClusterHandle` adds the
-metadata questions a fault drill asks (:meth:`ClusterHandle.partition_leader`), so one drill
-runs on either cluster. :func:`describe_partition` answers them for any cluster, with patience
-for a topic the answering broker has not heard of yet.
+makes any of them a ``with`` block that stops what it started, and stops at interpreter exit
+what its caller forgot to; :class:`ClusterHandle` adds the metadata questions a fault drill asks
+(:meth:`ClusterHandle.partition_leader`), so one drill runs on either cluster.
+:func:`describe_partition` answers them for any cluster, with patience for a topic the answering
+broker has not heard of yet.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import time
 from abc import ABC, abstractmethod
@@ -21,6 +23,8 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
 from compose.errors import LocalBrokerError
+
+log = logging.getLogger(__name__)
 
 
 class _QuietRdkafkaLog(logging.LoggerAdapter[logging.Logger]):
@@ -89,8 +93,21 @@ def describe_partition(
     return PartitionState(leader=leader, replicas=tuple(part.replicas), isr=tuple(part.isrs))
 
 
+# Strong references: brokers whose caller forgot to stop them are still stopped at exit.
+_LEFT_RUNNING: set[BrokerHandle] = set()
+
+
 class BrokerHandle(ABC):
-    """Brokers this process started: a ``with`` block calls :meth:`stop` on the way out."""
+    """Brokers this process started: a ``with`` block calls :meth:`stop` on the way out, and
+    after :meth:`stop_at_exit` the interpreter's exit stops them if nobody has by then.
+
+    A subclass provides ``bootstrap_servers`` (a field or a property) and ``stop``.
+    """
+
+    if TYPE_CHECKING:  # for the type checker only: a dataclass field of that name would clash with a property
+
+        @property
+        def bootstrap_servers(self) -> str: ...
 
     def __enter__(self) -> Self:
         return self
@@ -102,24 +119,40 @@ class BrokerHandle(ABC):
 
     @abstractmethod
     def stop(self) -> None:
-        """Stop the brokers and remove what starting them created. Idempotent."""
+        """Stop the brokers and remove what starting them created. Idempotent; calls :meth:`_forget_at_exit`."""
+
+    def stop_at_exit(self) -> None:
+        """Have the interpreter's exit stop these brokers unless :meth:`stop` has: a test run that
+        dies on an exception must leave no broker (process, container, volume) behind."""
+        _LEFT_RUNNING.add(self)
+
+    def _forget_at_exit(self) -> None:
+        """Nothing left for the exit to stop (called by :meth:`stop`)."""
+        _LEFT_RUNNING.discard(self)
+
+    def _stop_leftover(self) -> None:
+        """How the exit stops them: :meth:`stop`, unless a subclass hurries it."""
+        self.stop()
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for handle in list(_LEFT_RUNNING):
+        try:
+            handle._stop_leftover()
+        except Exception as exc:  # noqa: BLE001 - best effort at interpreter exit: stop the others too
+            log.warning("could not stop the %s at %s at exit: %s", type(handle).__name__, handle.bootstrap_servers, exc)
 
 
 @dataclass(eq=False)
 class ClusterHandle(BrokerHandle):
     """A running cluster as a fault drill sees it: an AdminClient and partition metadata.
 
-    A subclass provides ``bootstrap_servers`` (a field or a property) and, for a cluster that
-    admits authenticated clients only, :attr:`admin_security`; its ``stop`` drops :attr:`admin`
-    by setting ``_admin_client`` to None.
+    A cluster that admits authenticated clients only overrides :attr:`admin_security`; a
+    subclass's ``stop`` drops :attr:`admin` by setting ``_admin_client`` to None.
     """
 
     _admin_client: AdminClient | None = field(default=None, init=False, repr=False)
-
-    if TYPE_CHECKING:  # for the type checker only: a dataclass field of that name would clash with a property
-
-        @property
-        def bootstrap_servers(self) -> str: ...
 
     @property
     def admin_security(self) -> dict[str, str]:

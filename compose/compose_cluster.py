@@ -11,7 +11,6 @@ drill runs on either; ``down`` removes containers and volumes. Debian's ``docker
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
@@ -30,7 +29,6 @@ log = logging.getLogger(__name__)
 
 COMPOSE_FILE = Path(__file__).with_name("docker-compose.yml")
 NODE_IDS = (1, 2, 3)
-_LIVE: set[ComposeKafkaCluster] = set()
 
 
 class ComposeError(LocalBrokerError):
@@ -111,7 +109,7 @@ class ComposeKafkaCluster(ClusterHandle):
             return
         self._down = True
         self._admin_client = None
-        _LIVE.discard(self)
+        self._forget_at_exit()
         self.compose("down", "--volumes", "--timeout", "5")
 
     stop = down  # the name every broker handle answers to; a ``with`` block calls it
@@ -183,7 +181,7 @@ def start_compose_cluster(
     ports = {n: (all_ports[2 * i], all_ports[2 * i + 1]) for i, n in enumerate(NODE_IDS)}
     project = project or f"rjkafka{uuid.uuid4().hex[:8]}"
     cluster = ComposeKafkaCluster(project, ports, image, compose_environment(ports, image))
-    _LIVE.add(cluster)
+    cluster.stop_at_exit()  # a test run that dies must not leave three brokers and their volumes behind
     try:
         cluster.compose("up", "--detach", "--no-build", timeout_s=300)
 
@@ -201,12 +199,3 @@ def start_compose_cluster(
     log.info("compose cluster %s ready at %s", project, cluster.bootstrap_servers)
     return cluster
 
-
-@atexit.register
-def _down_leftovers() -> None:
-    # A test run that dies must not leave three brokers and their volumes behind.
-    for cluster in list(_LIVE):
-        try:
-            cluster.down()
-        except Exception as exc:  # noqa: BLE001 - best effort at interpreter exit
-            log.warning("could not take compose project %s down: %s", cluster.project, exc)

@@ -14,7 +14,6 @@ Every broker listens on free loopback ports only; nothing here binds a fixed por
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -105,10 +104,6 @@ class LocalKafkaNode:
         return self.pid is not None and _pid_is_broker(self.pid, self.server_properties)
 
 
-# Strong references: a cluster its caller forgot to stop is still stopped at exit.
-_LIVE_CLUSTERS: set[LocalKafkaCluster] = set()
-
-
 @dataclass(eq=False)
 class LocalKafkaCluster(ClusterHandle):
     """A running local cluster. Use as a context manager, or call :meth:`stop`.
@@ -154,9 +149,12 @@ class LocalKafkaCluster(ClusterHandle):
             self._stopped = True
             self._admin_client = None
             _terminate_all(self.nodes, timeout_s)
-            _LIVE_CLUSTERS.discard(self)
+            self._forget_at_exit()
         if remove_data if remove_data is not None else self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _stop_leftover(self) -> None:
+        self.stop(timeout_s=5.0)  # at interpreter exit: nobody waits the full grace period
 
     def kill_node(self, node_id: int) -> None:
         """SIGKILL one node (a crash, for fault tests) and wait until it is gone."""
@@ -181,13 +179,6 @@ class LocalKafkaCluster(ClusterHandle):
             timeout_s=ready_timeout_s, what=f"restarted node {node_id}", security=self.admin_security,
         )
         log.info("node %d restarted (pid %s)", node_id, node.pid)
-
-
-@atexit.register
-def _stop_attached_clusters() -> None:
-    # A test run that dies on an exception must not leave brokers behind.
-    for cluster in list(_LIVE_CLUSTERS):
-        cluster.stop(timeout_s=5.0)
 
 
 # --------------------------------------------------------------------------- starting
@@ -290,7 +281,7 @@ def _start_once(
         scram = () if sasl is None else (scram_bootstrap_credential(sasl.admin_user, sasl.admin_password),)
         _format_all(java, libs, members, cluster.cluster_id, standalone=nodes == 1, scram=scram)
         if not detached:
-            _LIVE_CLUSTERS.add(cluster)
+            cluster.stop_at_exit()
         for node in members:
             _launch(node, libs, detached=detached)
         _wait_registered(
