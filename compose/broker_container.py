@@ -12,40 +12,30 @@ Needs the ``docker`` extra (``pip install -e '.[docker]'``: testcontainers).
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import uuid
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any
 
 from compose.broker_image import DockerImageError, image_name, image_status
+from compose.cluster_handle import BrokerHandle
 from compose.local_broker import BrokerStartError, free_ports, wait_for_brokers
 
 log = logging.getLogger(__name__)
 
 NAME_PREFIX = "rollout-journal-kafka-"
 RYUK_ENV_VAR = "TESTCONTAINERS_RYUK_DISABLED"
-_LIVE: set[BrokerContainer] = set()
 
 
 @dataclass(eq=False)
-class BrokerContainer:
+class BrokerContainer(BrokerHandle):
     """A running broker container; a context manager, or call :meth:`stop`."""
 
     container: Any  # testcontainers.core.container.DockerContainer
     bootstrap_servers: str
     image: str
     _stopped: bool = field(default=False, repr=False)
-
-    def __enter__(self) -> BrokerContainer:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def name(self) -> str:
@@ -73,7 +63,7 @@ class BrokerContainer:
         if self._stopped:
             return
         self._stopped = True
-        _LIVE.discard(self)
+        self._forget_at_exit()
         self.container.stop()
 
 
@@ -113,7 +103,7 @@ def start_broker_container(
             "KAFKA_EXTRA_PROPERTIES", "\n".join(f"{k}={v}" for k, v in extra_config.items())
         )
     broker = BrokerContainer(container, f"127.0.0.1:{port}", image)
-    _LIVE.add(broker)
+    broker.stop_at_exit()  # without Ryuk nothing else removes a container whose test run died
     try:
         container.start()
         wait_for_brokers(
@@ -140,12 +130,3 @@ def _docker_container_class() -> Any:
     testcontainers_config.ryuk_disabled = True
     return DockerContainer
 
-
-@atexit.register
-def _remove_leftovers() -> None:
-    # Without Ryuk nothing else removes a container whose test run died.
-    for broker in list(_LIVE):
-        try:
-            broker.stop()
-        except Exception as exc:  # noqa: BLE001 - best effort at interpreter exit
-            log.warning("could not remove broker container: %s", exc)

@@ -27,9 +27,9 @@ from confluent_kafka.admin import AdminClient
 
 from compose.broker_config import SaslSecurity, write_properties
 from compose.broker_jars import cache_root, kafka_version
+from compose.cluster_handle import admin_client as _admin_client
 from compose.errors import LocalBrokerError
 from compose.local_broker import LocalKafkaCluster, LocalKafkaNode, start_local_cluster
-from compose.local_broker import admin_client as _admin_client
 
 log = logging.getLogger(__name__)
 

@@ -4,14 +4,13 @@
 free loopback ports (the compose file's port variables) and the locally built
 image, and returns once all three brokers are registered. The
 :class:`ComposeKafkaCluster` it returns has the fault-drill interface of
-:class:`compose.local_broker.LocalKafkaCluster` (``kill_node``, ``restart_node``,
-``partition_leader``), so one drill runs on either; ``down`` removes containers
-and volumes. Debian's ``docker-compose`` (1.29) is used, or ``docker compose``.
+:class:`compose.local_broker.LocalKafkaCluster` (``kill_node``, ``restart_node``, and
+``partition_leader`` from their shared :class:`compose.cluster_handle.ClusterHandle`), so one
+drill runs on either; ``down`` removes containers and volumes. Debian's ``docker-compose`` (1.29) is used, or ``docker compose``.
 """
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import shutil
@@ -20,26 +19,16 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-
-from confluent_kafka.admin import AdminClient
 
 from compose.broker_image import DockerImageError, docker_cli, image_name, image_status
+from compose.cluster_handle import ClusterHandle
 from compose.errors import LocalBrokerError
-from compose.local_broker import (
-    DESCRIBE_TIMEOUT_S,
-    PartitionState,
-    admin_client,
-    describe_partition,
-    free_ports,
-    wait_for_brokers,
-)
+from compose.local_broker import free_ports, wait_for_brokers
 
 log = logging.getLogger(__name__)
 
 COMPOSE_FILE = Path(__file__).with_name("docker-compose.yml")
 NODE_IDS = (1, 2, 3)
-_LIVE: set[ComposeKafkaCluster] = set()
 
 
 class ComposeError(LocalBrokerError):
@@ -93,7 +82,7 @@ def run_compose(
 
 
 @dataclass(eq=False)
-class ComposeKafkaCluster:
+class ComposeKafkaCluster(ClusterHandle):
     """A running compose project of the 3-node cluster. Use as a context manager, or call :meth:`down`."""
 
     project: str
@@ -101,15 +90,6 @@ class ComposeKafkaCluster:
     image: str
     env: dict[str, str]
     _down: bool = field(default=False, repr=False)
-    _admin_client: AdminClient | None = field(default=None, repr=False)
-
-    def __enter__(self) -> ComposeKafkaCluster:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.down()
 
     @property
     def bootstrap_servers(self) -> str:
@@ -129,8 +109,10 @@ class ComposeKafkaCluster:
             return
         self._down = True
         self._admin_client = None
-        _LIVE.discard(self)
+        self._forget_at_exit()
         self.compose("down", "--volumes", "--timeout", "5")
+
+    stop = down  # the name every broker handle answers to; a ``with`` block calls it
 
     def kill_node(self, node_id: int) -> None:
         """SIGKILL one node's broker (a crash); Docker does not restart a killed container."""
@@ -179,21 +161,6 @@ class ComposeKafkaCluster:
                               check=False, stdin=subprocess.DEVNULL)
         return f"--- {service(node_id)}: docker logs\n" + (done.stdout + done.stderr).rstrip()
 
-    # ----- metadata
-
-    @property
-    def admin(self) -> AdminClient:
-        if self._admin_client is None:
-            self._admin_client = admin_client(self.bootstrap_servers)
-        return self._admin_client
-
-    def describe_partition(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> PartitionState:
-        return describe_partition(self.admin, self.bootstrap_servers, topic, partition, timeout_s)
-
-    def partition_leader(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> int | None:
-        """Node id leading ``topic``/``partition``, or None while no leader is elected."""
-        return self.describe_partition(topic, partition, timeout_s).leader
-
 
 def start_compose_cluster(
     image: str | None = None, *, project: str | None = None, ready_timeout_s: float = 120.0
@@ -214,7 +181,7 @@ def start_compose_cluster(
     ports = {n: (all_ports[2 * i], all_ports[2 * i + 1]) for i, n in enumerate(NODE_IDS)}
     project = project or f"rjkafka{uuid.uuid4().hex[:8]}"
     cluster = ComposeKafkaCluster(project, ports, image, compose_environment(ports, image))
-    _LIVE.add(cluster)
+    cluster.stop_at_exit()  # a test run that dies must not leave three brokers and their volumes behind
     try:
         cluster.compose("up", "--detach", "--no-build", timeout_s=300)
 
@@ -232,12 +199,3 @@ def start_compose_cluster(
     log.info("compose cluster %s ready at %s", project, cluster.bootstrap_servers)
     return cluster
 
-
-@atexit.register
-def _down_leftovers() -> None:
-    # A test run that dies must not leave three brokers and their volumes behind.
-    for cluster in list(_LIVE):
-        try:
-            cluster.down()
-        except Exception as exc:  # noqa: BLE001 - best effort at interpreter exit
-            log.warning("could not take compose project %s down: %s", cluster.project, exc)

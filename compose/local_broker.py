@@ -3,8 +3,9 @@
 :func:`start_local_cluster` formats and starts a throwaway 1- or 3-node cluster
 and returns once every broker is registered; the :class:`LocalKafkaCluster` it
 returns stops it again, or injects faults (:meth:`LocalKafkaCluster.kill_node`,
-:meth:`LocalKafkaCluster.restart_node`). Attached clusters are stopped at
-interpreter exit so a failing test leaves no broker behind. The jars come from
+:meth:`LocalKafkaCluster.restart_node`); its ``with`` block and metadata questions
+(``partition_leader``) are :class:`compose.cluster_handle.ClusterHandle`'s. Attached clusters
+are stopped at interpreter exit so a failing test leaves no broker behind. The jars come from
 :mod:`compose.broker_jars`; the detached ``kafka up`` mode is
 :mod:`compose.broker_daemon`.
 
@@ -13,7 +14,6 @@ Every broker listens on free loopback ports only; nothing here binds a fixed por
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
 import os
@@ -26,11 +26,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import TracebackType
-from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaException
 
 from compose.broker_config import (
     STORAGE_TOOL,
@@ -45,6 +42,7 @@ from compose.broker_config import (
     write_properties,
 )
 from compose.broker_jars import ensure_broker_jars, require_java
+from compose.cluster_handle import ClusterHandle, admin_client
 from compose.errors import LocalBrokerError
 
 log = logging.getLogger(__name__)
@@ -106,76 +104,8 @@ class LocalKafkaNode:
         return self.pid is not None and _pid_is_broker(self.pid, self.server_properties)
 
 
-@dataclass(frozen=True)
-class PartitionState:
-    """Leader, replicas and in-sync replicas of one partition, as metadata reports them."""
-
-    leader: int | None
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-
-
-class _QuietRdkafkaLog(logging.LoggerAdapter[logging.Logger]):
-    """librdkafka's connect/refused chatter about brokers we start and kill on purpose is expected: keep it at DEBUG."""
-
-    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
-        self.logger.log(logging.DEBUG, msg, *args, **kwargs)
-
-
-_RDKAFKA_LOG = _QuietRdkafkaLog(logging.getLogger(f"{__name__}.librdkafka"), {})
-# Strong references: a cluster its caller forgot to stop is still stopped at exit.
-_LIVE_CLUSTERS: set[LocalKafkaCluster] = set()
-
-
-def admin_client(bootstrap: str, security: dict[str, str] | None = None) -> AdminClient:
-    """An AdminClient whose librdkafka chatter about brokers started and killed on purpose stays at DEBUG;
-    ``security`` holds the librdkafka properties that log in (a SASL cluster's super user)."""
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "logger": _RDKAFKA_LOG, **(security or {})}
-    return AdminClient(config)
-
-
-# How long a metadata question may wait for an answer (a broker that knows the topic). Generous:
-# it only bounds a wait that ends as soon as the answer comes, and a 2-core machine running a
-# 3-node cluster, a model engine and browsers may take longer than 5 s to hear of a new topic.
-DESCRIBE_TIMEOUT_S = 30.0
-
-
-def describe_partition(
-    admin: AdminClient, bootstrap: str, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S
-) -> PartitionState:
-    """Leader, replicas and ISR of ``topic``/``partition`` as metadata reports them (any cluster).
-
-    The broker that answers may not know a just-created topic yet (each learns of it from the
-    controller in its own time), so "unknown topic" is asked again until ``timeout_s`` has passed."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            md = admin.list_topics(topic=topic, timeout=max(deadline - time.monotonic(), 0.1))
-        except KafkaException as exc:  # no answer in time (a busy or restarting cluster): not yet either
-            error = str(exc.args[0] if exc.args else exc)
-        else:
-            admin.poll(0)
-            meta = md.topics.get(topic)
-            if meta is None:
-                error = "not in metadata"
-            elif meta.error is None:
-                break
-            elif meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                error = str(meta.error)
-            else:
-                raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {meta.error}")
-        if time.monotonic() >= deadline:
-            raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {error} after {timeout_s} s")
-        time.sleep(0.1)
-    part = meta.partitions.get(partition)
-    if part is None:
-        raise LocalBrokerError(f"topic {topic!r} has no partition {partition}")
-    leader = part.leader if part.leader >= 0 else None
-    return PartitionState(leader=leader, replicas=tuple(part.replicas), isr=tuple(part.isrs))
-
-
 @dataclass(eq=False)
-class LocalKafkaCluster:
+class LocalKafkaCluster(ClusterHandle):
     """A running local cluster. Use as a context manager, or call :meth:`stop`.
 
     ``detached`` clusters (from :func:`compose.broker_daemon.up`) are not children
@@ -193,17 +123,8 @@ class LocalKafkaCluster:
     owns_data_dir: bool = False
     sasl: SaslSecurity | None = None
     _stopped: bool = field(default=False, repr=False)
-    _admin_client: AdminClient | None = field(default=None, repr=False)
 
     # ----- lifecycle
-
-    def __enter__(self) -> LocalKafkaCluster:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
     @property
     def admin_security(self) -> dict[str, str]:
@@ -228,9 +149,12 @@ class LocalKafkaCluster:
             self._stopped = True
             self._admin_client = None
             _terminate_all(self.nodes, timeout_s)
-            _LIVE_CLUSTERS.discard(self)
+            self._forget_at_exit()
         if remove_data if remove_data is not None else self.owns_data_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def _stop_leftover(self) -> None:
+        self.stop(timeout_s=5.0)  # at interpreter exit: nobody waits the full grace period
 
     def kill_node(self, node_id: int) -> None:
         """SIGKILL one node (a crash, for fault tests) and wait until it is gone."""
@@ -255,30 +179,6 @@ class LocalKafkaCluster:
             timeout_s=ready_timeout_s, what=f"restarted node {node_id}", security=self.admin_security,
         )
         log.info("node %d restarted (pid %s)", node_id, node.pid)
-
-    # ----- metadata
-
-    @property
-    def admin(self) -> AdminClient:
-        """An AdminClient for this cluster, created once and logging through :mod:`logging`."""
-        if self._admin_client is None:
-            self._admin_client = admin_client(self.bootstrap_servers, self.admin_security)
-        return self._admin_client
-
-    def describe_partition(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> PartitionState:
-        """Leader, replicas and ISR of ``topic``/``partition``; leader is None while none is elected."""
-        return describe_partition(self.admin, self.bootstrap_servers, topic, partition, timeout_s)
-
-    def partition_leader(self, topic: str, partition: int, timeout_s: float = DESCRIBE_TIMEOUT_S) -> int | None:
-        """Node id leading ``topic``/``partition``, or None while no leader is elected."""
-        return self.describe_partition(topic, partition, timeout_s).leader
-
-
-@atexit.register
-def _stop_attached_clusters() -> None:
-    # A test run that dies on an exception must not leave brokers behind.
-    for cluster in list(_LIVE_CLUSTERS):
-        cluster.stop(timeout_s=5.0)
 
 
 # --------------------------------------------------------------------------- starting
@@ -381,7 +281,7 @@ def _start_once(
         scram = () if sasl is None else (scram_bootstrap_credential(sasl.admin_user, sasl.admin_password),)
         _format_all(java, libs, members, cluster.cluster_id, standalone=nodes == 1, scram=scram)
         if not detached:
-            _LIVE_CLUSTERS.add(cluster)
+            cluster.stop_at_exit()
         for node in members:
             _launch(node, libs, detached=detached)
         _wait_registered(

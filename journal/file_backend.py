@@ -528,7 +528,7 @@ class FileBackend(Backend):
         return found
 
     def _roll_segment(self) -> None:
-        self._writer_log().close()
+        self._for_writing(self._active).close()
         path = self._log_dir / _segment_name(self._end)
         self._active = self._open_append(path)
         self._active_base = self._end
@@ -543,19 +543,16 @@ class FileBackend(Backend):
             os.close(fd)
 
     # -- writing -------------------------------------------------------------
-    def _writer_log(self, action: str = "write") -> io.FileIO:
-        """The active log segment; a reader (or a closed writer) refuses here, before it touches a file."""
-        if self._active is None:
+    def _for_writing(self, file: io.FileIO | None, action: str = "write") -> io.FileIO:
+        """``file``, the log segment or snapshot generation a writer appends to (``_active``,
+        ``_snap_file``); a reader (or a closed writer) has none and refuses here, before it
+        touches a file."""
+        if file is None:
             raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot {action}")
-        return self._active
-
-    def _writer_snapshots(self) -> io.FileIO:
-        if self._snap_file is None:
-            raise ConfigurationError(f"file journal {self.root} is open read-only (or closed); cannot write")
-        return self._snap_file
+        return file
 
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
-        self._writer_log("commit")
+        self._for_writing(self._active, "commit")
         if self._broken is not None:
             raise FatalJournalError(self._broken)
         event_frames: list[bytes] = []
@@ -581,7 +578,7 @@ class FileBackend(Backend):
                 snap_frames.append(frame)
                 snap_position += len(frame)
         if snap_frames:  # durable before the commit marker that makes them visible
-            self._write(self._writer_snapshots(), b"".join(snap_frames))
+            self._write(self._for_writing(self._snap_file), b"".join(snap_frames))
         batch = b"".join(event_frames)
         mark = CommitMark(self._last_mark.snap_generation, snap_position, self._end, zlib.crc32(batch))
         self._append_commit(batch, mark)
@@ -613,7 +610,7 @@ class FileBackend(Backend):
 
     def _append_commit(self, batch: bytes, mark: CommitMark) -> None:
         data = batch + encode_frame(COMMIT, "", mark.encode())
-        active = self._writer_log()
+        active = self._for_writing(self._active)
         try:
             self._write(active, data)
         except BaseException:
@@ -625,7 +622,7 @@ class FileBackend(Backend):
     def _cut_failed_write(self) -> None:
         """A write that failed part way (a full disk) leaves bytes no commit covers. Cut them
         now: a later commit would turn them into damage in the middle of the log."""
-        active = self._writer_log()
+        active = self._for_writing(self._active)
         try:
             os.ftruncate(active.fileno(), self._end - self._active_base)
             os.fsync(active.fileno())
@@ -653,7 +650,7 @@ class FileBackend(Backend):
         A reader (or a closed writer) raises ``ConfigurationError`` and touches nothing."""
         # Before any file is written: a reader's generation number is not the writer's, and
         # its clean-up after the failed commit would delete the writer's live generation.
-        self._writer_log("compact snapshots")
+        self._for_writing(self._active, "compact snapshots")
         old = self._snap_path(self._last_mark.snap_generation)
         generation = self._last_mark.snap_generation + 1
         path = self._snap_path(generation)
@@ -691,7 +688,7 @@ class FileBackend(Backend):
                       "unchanged, generation %d stays committed, and compaction is retried later",
                       self.root, generation, exc, generation - 1)
             raise
-        self._writer_snapshots().close()
+        self._for_writing(self._snap_file).close()
         self._snap_file = new_file
         self._snap_compacted_size = length
         self.compaction_error = None

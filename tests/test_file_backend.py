@@ -7,6 +7,7 @@ import errno
 import itertools
 import logging
 import os
+import re
 import resource
 import signal
 from collections.abc import Iterator
@@ -205,6 +206,35 @@ def test_a_reader_cannot_compact_the_writers_snapshots(tmp_path: Path) -> None:
     with Journal(FileBackend(root, read_only=True)) as j:
         assert j.snapshots().snapshots["r1"].state == b"v1"
         assert j.backend.damage() == []
+
+
+def test_a_reader_and_a_closed_writer_refuse_to_commit_and_say_why(tmp_path: Path) -> None:
+    """Neither has a file to append to: the refusal names the journal and the action, and the
+    journal holds what the writer committed, nothing more."""
+    root = tmp_path / "j"
+    record = OutRecord(Stream.SNAPSHOTS, "r1", b"v1", "r1")
+    writer = FileBackend(root)
+    writer.commit([OutRecord(Stream.SNAPSHOTS, "r1", b"v0", "r1")])
+    end = writer.end_offset()
+    reader = FileBackend(root, read_only=True)
+    try:
+        with pytest.raises(ConfigurationError,
+                           match=re.escape(f"file journal {root} is open read-only (or closed); cannot commit")):
+            reader.commit([record])
+    finally:
+        reader.close()
+    writer.close()
+    for closed in (writer, reader):
+        with pytest.raises(ConfigurationError, match="cannot commit"):
+            closed.commit([record])
+        with pytest.raises(ConfigurationError, match="cannot compact snapshots"):
+            closed.compact_snapshots()
+    reopened = FileBackend(root, read_only=True)
+    try:
+        assert reopened.end_offset() == end
+        assert [r.value for r in reopened.read_snapshots()] == [b"v0"]
+    finally:
+        reopened.close()
 
 
 def test_compaction_keeps_the_order_so_a_corrupt_newest_snapshot_falls_back(tmp_path: Path) -> None:

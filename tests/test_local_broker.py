@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -21,15 +22,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from compose.broker_daemon import status
 from compose.broker_jars import MissingToolError, ensure_broker_jars
 from compose.cli import register_kafka_commands, run_kafka_command
+from compose.cluster_handle import admin_client, describe_partition
 from compose.errors import LocalBrokerError
-from compose.local_broker import (
-    BrokerStartError,
-    LocalKafkaCluster,
-    admin_client,
-    describe_partition,
-    free_ports,
-    start_local_cluster,
-)
+from compose.local_broker import BrokerStartError, LocalKafkaCluster, free_ports, start_local_cluster
 
 CLIENT_LOG = logging.getLogger("tests.kafka.client")
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -195,6 +190,34 @@ def test_broker_not_ready_in_time_raises_with_log_tail_and_cleans_up(tmp_path: P
         start_local_cluster(1, data_dir, ready_timeout_s=0.1)
     assert "tail of" in str(info.value) and "console.log" in str(info.value)
     assert broker_pids_using(data_dir) == []
+
+
+_DIE_WITH_A_CLUSTER_RUNNING = """
+import sys
+from pathlib import Path
+from compose.local_broker import start_local_cluster
+cluster = start_local_cluster(1, Path(sys.argv[1]))
+print(cluster.nodes[0].pid, flush=True)
+raise RuntimeError("the test run died with its cluster running")
+"""
+
+
+@pytest.mark.kafka
+@pytest.mark.timeout(180)
+def test_a_cluster_its_caller_forgot_to_stop_is_stopped_when_the_interpreter_exits(tmp_path: Path) -> None:
+    """The broker runs in a session of its own, so nothing but the exit hook stops it with its process."""
+    data_dir = tmp_path / "kafka-left-running"
+    child = subprocess.run(
+        [sys.executable, "-c", _DIE_WITH_A_CLUSTER_RUNNING, str(data_dir)],
+        capture_output=True, text=True, timeout=150, cwd=REPO_ROOT,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )
+    assert child.returncode == 1 and "the test run died" in child.stderr, child.stderr
+    assert child.stdout.strip().isdigit(), "the child never had a running broker"
+    left = broker_pids_using(data_dir)
+    for pid in left:  # a failing run must not leave the broker behind either
+        os.kill(pid, signal.SIGKILL)
+    assert left == []
 
 
 @pytest.mark.kafka
