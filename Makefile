@@ -38,7 +38,7 @@ test: $(VLLM_STAMP)
 bench: $(VLLM_STAMP)
 	$(PY) bench/run_all.py
 
-# ruff, then mypy on the library packages (both configured in pyproject.toml)
+# ruff, then mypy on the library packages, bench/ and examples/ (both configured in pyproject.toml)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy --config-file pyproject.toml

@@ -9,10 +9,14 @@ import statistics
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from journal.events import Header, Message, ModelCall, ResourceMutation, SamplingParams, TurnCompleted
+
+if TYPE_CHECKING:  # a type only: the benches that take no checkpoint need not import the runner
+    from participants.runner import Runner
 
 
 @contextlib.contextmanager
@@ -39,6 +43,15 @@ def percentile(values: list[float], q: float) -> float:
 
 def median(values: list[float]) -> float:
     return statistics.median(values)
+
+
+def pauses_taken(runner: Runner) -> tuple[list[float], int]:
+    """The pause of each coordinated checkpoint a run took (ms), and the rollouts they skipped in all."""
+    if runner.checkpointer is None:
+        raise ValueError(f"workload {runner.config.name!r} ran with checkpoint_mode={runner.config.checkpoint_mode!r}, "
+                         "so it took no coordinated checkpoints to measure; set checkpoint_mode='coordinated'")
+    history = runner.checkpointer.history
+    return [c.pause_ms for c in history], sum(len(c.skipped) for c in history)
 
 
 def bootstrap_median_interval(values: list[float], confidence: float = 0.9, resamples: int = 4000) -> tuple[float, float]:

@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import kafka_bootstrap  # noqa: E402
 from journal.kafka_backend import KafkaBackend  # noqa: E402
 from journal.kafka_config import KafkaSettings  # noqa: E402
-from journal.kafka_group import WorkerGroup  # noqa: E402
+from journal.kafka_group import PartitionsCallback, WorkerGroup  # noqa: E402
 
 MEMBERS = 3
 
@@ -54,7 +54,7 @@ def member_main(args: argparse.Namespace) -> None:
                              group_protocol=args.protocol)
     stop = threading.Event()
 
-    def say(event: str) -> callable:
+    def say(event: str) -> PartitionsCallback:
         return lambda parts: print(f"{event} {time.time():.3f} {','.join(map(str, parts))}", flush=True)
 
     group = WorkerGroup(settings, args.name, on_assigned=say("assigned"), on_revoked=say("revoked"),
@@ -70,7 +70,7 @@ def member_main(args: argparse.Namespace) -> None:
 @dataclass
 class Member:
     name: str
-    process: subprocess.Popen
+    process: subprocess.Popen[str]
     owned: set[int] = field(default_factory=set)
     revocations: int = 0
     changes: list[tuple[str, float, list[int]]] = field(default_factory=list)
@@ -98,6 +98,7 @@ class Fleet:
         return member
 
     def _follow(self, member: Member) -> None:
+        assert member.process.stdout is not None  # started with stdout=PIPE
         for line in member.process.stdout:
             event, at, parts = line.split()
             numbers = [] if parts == "-" or not parts else [int(p) for p in parts.split(",") if p]

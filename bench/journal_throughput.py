@@ -35,7 +35,7 @@ from bench.common import kafka_bootstrap, median, percentile, turn_events  # noq
 from journal.backend import partition_for  # noqa: E402
 from journal.codec import Codec  # noqa: E402
 from journal.file_backend import FileBackend  # noqa: E402
-from journal.journal import Journal  # noqa: E402
+from journal.journal import AppendReceipt, Journal  # noqa: E402
 from journal.kafka_backend import KafkaBackend  # noqa: E402
 from journal.kafka_config import KafkaSettings  # noqa: E402
 
@@ -50,13 +50,14 @@ def run_journal(journal: Journal, turns_by_rollout: dict[str, list[list]]) -> tu
     commit_ms: list[float] = []
 
     async def rollout(turns: list[list]) -> None:
-        previous = None
+        previous: asyncio.Future[AppendReceipt] | None = None
         for events in turns:  # as the agent does: turn t+1 appended while turn t commits
             pending = asyncio.wrap_future(journal.append(events))
             if previous is not None:
                 commit_ms.append((await previous).commit_ms)
             previous = pending
-        commit_ms.append((await previous).commit_ms)
+        if previous is not None:  # a rollout of no turns appended nothing
+            commit_ms.append((await previous).commit_ms)
 
     async def main() -> None:
         await asyncio.gather(*(rollout(t) for t in turns_by_rollout.values()))

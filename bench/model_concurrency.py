@@ -18,13 +18,13 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from participants.config import WorkloadConfig  # noqa: E402
-from participants.generation import GenerationRequest, TokenChunk  # noqa: E402
+from participants.generation import GenerationBackend, GenerationRequest, TokenChunk  # noqa: E402
 from participants.runner import Runner  # noqa: E402
 from participants.workload import build_backend, open_workload_journal  # noqa: E402
 
@@ -32,12 +32,12 @@ from participants.workload import build_backend, open_workload_journal  # noqa: 
 class RemoteLatency:
     """A backend plus a fixed awaited latency per call (a model server's round trip)."""
 
-    def __init__(self, inner, latency_s: float) -> None:
+    def __init__(self, inner: GenerationBackend, latency_s: float) -> None:
         self.inner, self.latency_s = inner, latency_s
         self.tokenizer, self.policy_version = inner.tokenizer, inner.policy_version
         self.deterministic, self.resumes_constrained = inner.deterministic, inner.resumes_constrained
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         await asyncio.sleep(self.latency_s)
         async for chunk in self.inner.stream(request):
             yield chunk

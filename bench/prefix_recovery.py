@@ -60,7 +60,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 import numpy as np
@@ -157,7 +157,7 @@ class PositionLog:
         self.tokenizer, self.policy_version = inner.tokenizer, inner.policy_version
         self.deterministic, self.resumes_constrained = inner.deterministic, inner.resumes_constrained
 
-    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         if request.constraint is not None:
             async for chunk in self.inner.stream(request):
                 yield chunk

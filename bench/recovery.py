@@ -34,12 +34,13 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bootstrap_median_interval, median, percentile, turn_events  # noqa: E402
+from bench.common import bootstrap_median_interval, median, pauses_taken, percentile, turn_events  # noqa: E402
 from journal.events import AttemptStarted, Header  # noqa: E402
 from journal.file_backend import FileBackend  # noqa: E402
 from journal.journal import Journal  # noqa: E402
@@ -287,8 +288,7 @@ def coordinated_pauses(tmp: Path, groups: int, siblings: int, turns: int) -> dic
     with open_workload_journal(config) as journal:
         runner = Runner(config, journal, backend, backend.tokenizer)
         asyncio.run(runner.run(resume=False))
-        pauses = [c.pause_ms for c in runner.checkpointer.history]
-        skipped = sum(len(c.skipped) for c in runner.checkpointer.history)
+        pauses, skipped = pauses_taken(runner)
     return {"coordinated_checkpoints": len(pauses), "coordinated_pause_p50_ms": round(percentile(pauses, 50), 2),
             "coordinated_pause_p99_ms": round(percentile(pauses, 99), 2), "coordinated_rollouts_skipped": skipped}
 
@@ -381,7 +381,7 @@ def growth_section(tmp: Path, active: int, rounds: int) -> dict:
             ratios[name].append(measured[name]["restore_s"] / measured["base"]["restore_s"])
         for name, phases in measured.items():
             runs[name].append(phases)
-    growth = {}
+    growth: dict[str, dict[str, Any]] = {}  # a JSON report: numbers, and the ratio per round
     for name, (turns, past) in journals.items():
         medians = {key: median([r[key] for r in runs[name]]) for key in ("read_s", "fold_s", "restore_s")}
         growth[name] = {"active_turns": turns, "past_rollouts": past, "journal_mb": round(sizes_mb[name], 3),

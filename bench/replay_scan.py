@@ -218,7 +218,8 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
         large = url(bootstrap, namespaces["large"])
         with open_replay(large) as source:
             report["scan_jobs"] = jobs_for(source, None, source.end_offsets())
-        rounds = []
+        rounds: list[dict[str, float]] = []
+        cpu_rounds: list[dict[str, float]] = []  # per round, per reader: CPU microseconds per event
         for i in range(args.rounds):
             say(f"round {i + 1}/{args.rounds}: raw consumer scan, journal backend read, replay list scan")
             raw_records, raw_s, raw_cpu = raw_scan(large)
@@ -231,17 +232,15 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             rounds.append({"raw_events_per_s": raw_records / raw_s, "backend_events_per_s": backend_records / backend_s,
                            "list_events_per_s": listed / list_s, "ratio": raw_s / list_s,
                            "serial_list_events_per_s": serial / serial_s, "serial_ratio": raw_s / serial_s,
-                           "backend_ratio": raw_s / backend_s, "cpu_ratio": raw_cpu / list_cpu,
-                           "cpu_us_per_event": {"raw_consumer": 1e6 * raw_cpu / raw_records,
-                                                "journal_backend_read": 1e6 * backend_cpu / backend_records,
-                                                "replay_list": 1e6 * list_cpu / listed,
-                                                "replay_list_one_process": 1e6 * serial_cpu / serial}})
-        report["rounds"] = rounds
-        for key in ("raw_events_per_s", "backend_events_per_s", "list_events_per_s", "ratio",
-                    "serial_list_events_per_s", "serial_ratio", "backend_ratio", "cpu_ratio"):
+                           "backend_ratio": raw_s / backend_s, "cpu_ratio": raw_cpu / list_cpu})
+            cpu_rounds.append({"raw_consumer": 1e6 * raw_cpu / raw_records,
+                               "journal_backend_read": 1e6 * backend_cpu / backend_records,
+                               "replay_list": 1e6 * list_cpu / listed,
+                               "replay_list_one_process": 1e6 * serial_cpu / serial})
+        report["rounds"] = [r | {"cpu_us_per_event": cpu} for r, cpu in zip(rounds, cpu_rounds)]
+        for key in rounds[0]:
             report[key] = statistics.median(r[key] for r in rounds)
-        report["cpu_us_per_event"] = {k: statistics.median(r["cpu_us_per_event"][k] for r in rounds)
-                                      for k in rounds[0]["cpu_us_per_event"]}
+        report["cpu_us_per_event"] = {k: statistics.median(cpu[k] for cpu in cpu_rounds) for k in cpu_rounds[0]}
         # where a list scan's time goes, per event (medians): the transport, then decode + fence + fold
         report["us_per_event"] = {
             "raw_consumer": 1e6 / report["raw_events_per_s"],

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import bootstrap_median_interval, median, percentile, print_report  # noqa: E402
+from bench.common import bootstrap_median_interval, median, pauses_taken, percentile, print_report  # noqa: E402
 from participants.config import WorkloadConfig  # noqa: E402
 from participants.resource_protocol import TOKEN_ENV_VAR  # noqa: E402
 from participants.runner import Runner  # noqa: E402
@@ -144,8 +144,9 @@ def checkpoint_pauses(args: argparse.Namespace, tmp: Path) -> dict:
             config = workload(tmp, f"pause{round_}", args, resource_servers=urls, checkpoint_mode="coordinated",
                               coordinated_every_s=0.05, turn_delay_ms=5.0, max_turns=max(args.turns, 12))
             runner, _ = run_once(config, backend)
-            pauses += [c.pause_ms for c in runner.checkpointer.history]
-            skipped += sum(len(c.skipped) for c in runner.checkpointer.history)
+            round_pauses, round_skipped = pauses_taken(runner)
+            pauses += round_pauses
+            skipped += round_skipped
     return {"pause_p50_ms": round(percentile(pauses, 50), 2), "pause_p99_ms": round(percentile(pauses, 99), 2),
             "pause_checkpoints": len(pauses), "pause_rollouts_skipped": skipped,
             "pause_rollouts": args.groups * args.siblings}
@@ -218,7 +219,7 @@ def _read_raw(location: str, records: int) -> float:
             for msg in consumer.consume(4096, 1.0):
                 if msg.error() is None:
                     seen += 1
-                    nbytes += len(msg.value())
+                    nbytes += len(msg.value() or b"")  # a tombstone (none here) has no value
         return time.perf_counter() - started
     finally:
         consumer.close()

@@ -100,10 +100,15 @@ class GenerationBackend(Protocol):
     call (``participants.agent``). ``resumes_constrained``: a constrained call can be
     continued from a prefix (else an interrupted constrained call starts over)."""
 
-    policy_version: str
     tokenizer: ChatTokenizer
     deterministic: bool
     resumes_constrained: bool
+
+    @property
+    def policy_version(self) -> str:
+        """Read per call, never set by a caller: a backend may load new weights between calls
+        and name them itself (a plain attribute satisfies this too)."""
+        ...
 
     def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         """The new tokens, as they come: an async generator, so ``aclose()`` ends it early, and

@@ -17,11 +17,12 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
-from journal.events import AttemptStarted, TurnCompleted
+from journal.events import ROLLOUT_EVENT_TYPES, AttemptStarted, EventChunk, RolloutEvent, TurnCompleted
 from journal.journal import ReadReport
 from journal.open import open_journal
 from journal.restore import load_rollouts
@@ -123,7 +124,7 @@ def submit(url: str, config_path: Path) -> None:
     assert done.returncode == 0, done.stderr
 
 
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, workers: list[WorkerProcess] = ()) -> float:
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str, workers: Sequence[WorkerProcess] = ()) -> float:
     """Poll ``condition``; its time once true. Fails naming ``what`` (and any worker that died)."""
     deadline = time.monotonic() + timeout_s
     while True:
@@ -177,7 +178,12 @@ def audit_journal(url: str, config: WorkloadConfig) -> JournalAudit:
         for partition in range(journal.backend.partitions):
             newest: dict[str, int] = {}
             for stored in journal.backend.read_events(partition):
-                event = journal.codec.decode(stored.value, stored.location)
+                assert stored.value is not None, f"no readable record at {stored.location}: {stored.error}"
+                record = journal.codec.decode(stored.value, stored.location)
+                assert isinstance(record, (*ROLLOUT_EVENT_TYPES, EventChunk)), \
+                    f"a {type(record).__name__} at {stored.location}: not a rollout event (or a piece of one)"
+                # checked above: an isinstance on a tuple[type, ...] does not narrow
+                event = cast(RolloutEvent | EventChunk, record)
                 h = event.header
                 if h.rollout_id not in rollouts:
                     continue

@@ -23,7 +23,7 @@ _CTX = multiprocessing.get_context("forkserver")
 _CTX.set_forkserver_preload(["participants.workload", "torch"])  # children start in milliseconds
 
 
-def reference_outcomes(config: WorkloadConfig) -> dict[str, dict]:
+def reference_outcomes(config: WorkloadConfig) -> dict[str, dict | None]:
     """The uninterrupted run, journaling off."""
     return run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False).outcomes()
 

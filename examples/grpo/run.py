@@ -35,9 +35,13 @@ import threading
 import time
 from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+
+if TYPE_CHECKING:  # the roles import what they use when they start: the orchestrator stays light
+    from participants.generation import GenerationRequest, TokenChunk
 
 SIBLINGS, TURNS = 4, 3
 TOKEN_ENV = "ROLLOUT_JOURNAL_RESOURCE_TOKEN"
@@ -78,7 +82,7 @@ class FollowingPolicy:
             self.loads += 1
             await old.aclose()
 
-    async def stream(self, request) -> AsyncGenerator:
+    async def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         await self._follow()
         self.in_flight += 1
         try:
@@ -310,14 +314,15 @@ def orchestrate(args: argparse.Namespace) -> dict:
     trained = [s["group"] for s in state["steps"]]
     expected = {f"grpo-g{g}" for g in range(groups)}
     versions = sorted({v for s in state["steps"] for v in s["policy_versions"]})
+    rewards = [round(s["reward"], 4) for s in state["steps"]]
     report = {
         "steps": len(state["steps"]), "groups": groups, "groups_trained": len(set(trained) & expected),
         "groups_lost": len(expected - set(trained)), "groups_trained_twice": len(trained) - len(set(trained)),
         "kills": kills, "policy_versions_sampled": len(versions),
-        "reward_per_step": [round(s["reward"], 4) for s in state["steps"]],
+        "reward_per_step": rewards,
     }
     if args.plot:
-        plot(report["reward_per_step"], Path(args.plot), kills)
+        plot(rewards, Path(args.plot), kills)
     return report
 
 
