@@ -70,7 +70,7 @@ import zlib
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import NamedTuple, TextIO
 
 from .backend import Backend, OutRecord, StoredRecord, Stream, compacted
 from .errors import (
@@ -93,11 +93,15 @@ MAX_VALUE_LEN = 256 * 1024 * 1024
 MAX_KEY_LEN = 0xFFFF
 
 EVENT, SNAPSHOT, COMMIT, RESULT = 1, 2, 3, 4
+# A frame's CRC-32 covers its type byte, then key and value: the type's part, computed once.
+_TYPE_CRC = {t: zlib.crc32(bytes((t,))) for t in (EVENT, SNAPSHOT, COMMIT, RESULT)}
 _TAIL_SCAN = 1 << 20  # bytes read at a time when looking backwards for the last commit marker
 
 
-@dataclass(frozen=True, slots=True)
-class _Frame:
+class _Frame(NamedTuple):
+    """One frame as read (a tuple: every record read makes one, and a frozen dataclass's
+    construction cost as much as checking the frame's CRC)."""
+
     position: int  # global offset
     type: int
     key: str
@@ -163,16 +167,17 @@ def _parse(data: bytes, pos: int, base: int) -> _Frame:
     start = pos + HEADER_LEN
     if start + body_len > len(data):
         return _Frame(where, 0, "", None, where, error=f"truncated frame body (needs {body_len} bytes)")
-    body = data[start:start + body_len]
-    if zlib.crc32(bytes((type_,)) + body) != crc:  # the key may be damaged too: named, as unverified
-        key = body[:key_len].decode(errors="replace")[:80]
+    end = start + body_len
+    body = memoryview(data)[start:end]  # checked and decoded in place: the value is the one copy made
+    if zlib.crc32(body, _TYPE_CRC[type_]) != crc:  # the key may be damaged too: named, as unverified
+        key = bytes(body[:key_len]).decode(errors="replace")[:80]
         return _Frame(where, type_, "", None, where, error=f"CRC mismatch (record key {key!r}, unverified)")
     try:
-        key = body[:key_len].decode()
+        key = str(body[:key_len], "utf-8")
     except UnicodeDecodeError:
         return _Frame(where, type_, "", None, where, error="key is not UTF-8")
-    value = None if tombstone else body[key_len:]
-    return _Frame(where, type_, key, value, base + start + body_len)
+    value = None if tombstone else data[start + key_len:end]
+    return _Frame(where, type_, key, value, base + end)
 
 
 def _resync(data: bytes, pos: int, base: int) -> int:
