@@ -73,6 +73,52 @@ def test_what_restore_derives_is_what_the_live_path_held(tmp_path: Path) -> None
         same_state(live, again[rid])
 
 
+def test_a_snapshot_state_reads_back_whole_and_an_older_layout_still_reads(tmp_path: Path) -> None:
+    """Snapshot bytes hold the token arrays raw beside the JSON document; a state read back is the
+    state written, arrays and lineage included. States written before (the arrays base64 inside
+    zlib'd JSON, as the golden journals hold them) read the same."""
+    import base64
+    import zlib
+
+    from participants.rollout_state import STATE_MAGIC, _unpacked
+
+    config = workload(tmp_path)
+    runner = run_runner(config, resume=False, stop_after={s.rollout_id: 3 for s in workload_specs(config)})
+    for live in runner.states.values():
+        data = live.to_bytes()
+        assert data.startswith(STATE_MAGIC)
+        again = RolloutState.from_bytes(data)
+        same_state(live, again)
+        assert again.lineage is not None and live.lineage is not None
+        assert again.lineage.segments == live.lineage.segments
+        assert np.array_equal(again.lineage.logprobs, live.lineage.logprobs)
+        assert again.to_bytes() == data
+        doc, tokens, logprobs = _unpacked(zlib.decompress(data[len(STATE_MAGIC):]))
+        doc |= {"head_tokens": base64.b64encode(tokens).decode(), "logprobs": base64.b64encode(logprobs).decode()}
+        older = RolloutState.from_bytes(zlib.compress(json.dumps(doc).encode()))
+        assert older.to_bytes() == data
+
+
+@pytest.mark.parametrize("damage", ["cut", "lengths", "not an object"])
+def test_damaged_snapshot_state_bytes_fail_with_their_location(damage: str) -> None:
+    import struct
+    import zlib
+
+    from journal.errors import RecordLocation
+    from participants.rollout_state import STATE_MAGIC
+
+    payload = zlib.decompress(RolloutState("r", "g").to_bytes()[len(STATE_MAGIC):])
+    if damage == "cut":
+        payload = payload[:-3]
+    elif damage == "lengths":
+        payload = struct.pack("<III", 1, 2, 3) + payload[12:]
+    else:
+        payload = struct.pack("<III", 2, 0, 0) + b"[]"
+    at = RecordLocation("ns.snapshots", 1, 42)
+    with pytest.raises(StateFoldError, match="snapshot at topic ns.snapshots partition 1 offset 42 is not a rollout state"):
+        RolloutState.from_bytes(STATE_MAGIC + zlib.compress(payload), at)
+
+
 def test_a_rollout_replayed_without_any_snapshot_keeps_its_task_prompt(tmp_path: Path) -> None:
     """The first attempt journals the conversation it starts from, so a full replay
     (no usable snapshot) rebuilds the system and task prompt, not just the turns."""
