@@ -106,8 +106,10 @@ class GenerationBackend(Protocol):
 
     @property
     def policy_version(self) -> str:
-        """Read per call, never set by a caller: a backend may load new weights between calls
-        and name them itself (a plain attribute satisfies this too)."""
+        """The weights that sample a call's tokens, never set by a caller: the model gate reads it
+        as each chunk comes, while that call's stream is open. A backend may load new weights
+        between calls and name them itself, but not while a stream of the old ones is open (a
+        plain attribute satisfies this too)."""
         ...
 
     def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:

@@ -156,12 +156,16 @@ class ModelParticipant:
         new_logprobs: list[np.ndarray] = []
         finish: str | None = None
         marks = _MarkClock(progress_interval_s)
+        # The weights that sampled the tokens since the last abort: read as each chunk comes, while its
+        # stream is open. A backend may load new weights between calls, so once a stream has ended
+        # the next call's start may already have renamed them (see GenerationBackend.policy_version).
+        version = self.backend.policy_version
 
         def mark(step: int) -> None:
             """Journal the progress at every ``step`` tokens past the last mark, if there is any."""
             nonlocal journaled_tokens
-            marked_to = self._progress(state, writer, call_id, call_index, prompt_sha, prefix_ids, prefix_logprobs,
-                                       new_ids, new_logprobs, journaled_tokens, step, on_progress)
+            marked_to = self._progress(state, writer, call_id, call_index, prompt_sha, version, prefix_ids,
+                                       prefix_logprobs, new_ids, new_logprobs, journaled_tokens, step, on_progress)
             if marked_to != journaled_tokens:
                 journaled_tokens = marked_to
                 marks.marked()
@@ -173,6 +177,7 @@ class ModelParticipant:
                                         request_id=call_id, chunk_tokens=every)
             try:
                 async for chunk in self._stream(request, ticket):
+                    version = self.backend.policy_version
                     new_ids.append(chunk.ids)
                     new_logprobs.append(chunk.logprobs)
                     finish = chunk.finish_reason
@@ -187,8 +192,7 @@ class ModelParticipant:
                 if every:  # mark what the time floor held back: the checkpoint's pause can be long
                     mark(1)
                 prefix_ids, prefix_logprobs = _joined(prefix_ids, new_ids), _joined(prefix_logprobs, new_logprobs)
-                segments = _extended(segments, state.attempt, self.backend.policy_version,
-                                     sum(len(c) for c in new_ids))
+                segments = _extended(segments, state.attempt, version, sum(len(c) for c in new_ids))
                 new_ids, new_logprobs = [], []
         latency_ms = (time.perf_counter() - started) * 1000.0
         generated = sum(len(c) for c in new_ids)
@@ -196,14 +200,14 @@ class ModelParticipant:
         if len(output_ids) > params.max_tokens:
             raise BackendError(f"call {call_id}: the backend returned {len(output_ids)} tokens for max_tokens "
                                f"{params.max_tokens}")
-        segments = _extended(segments, state.attempt, self.backend.policy_version, generated)
+        segments = _extended(segments, state.attempt, version, generated)
         if len(segments) == 1 and segments[0].attempt == state.attempt:
             segments = []  # all of it by this attempt: the record's own header and policy_version say so
         generation = Generation(output_ids, logprobs, finish)
         prefix = common_prefix_len(state.head_tokens, prompt) if state.head_call_id else 0
         event = ModelCall(
             header=state.header(writer), call_id=call_id, parent_call_id=state.head_call_id,
-            policy_version=self.backend.policy_version, sampling=params, prefix_len=prefix,
+            policy_version=version, sampling=params, prefix_len=prefix,
             prompt_delta=np.ascontiguousarray(prompt[prefix:], dtype="<i4"),
             output_ids=output_ids, logprobs=logprobs,
             finish_reason=finish, latency_ms=latency_ms, segments=segments,
@@ -211,7 +215,7 @@ class ModelParticipant:
         return ModelCallResult(event, generation, prompt, new_tokens=generated)
 
     def _progress(self, state: RolloutState, writer: str, call_id: str, call_index: int, prompt_sha: str,
-                  prefix_ids: np.ndarray, prefix_logprobs: np.ndarray, new_ids: list[np.ndarray],
+                  version: str, prefix_ids: np.ndarray, prefix_logprobs: np.ndarray, new_ids: list[np.ndarray],
                   new_logprobs: list[np.ndarray],
                   journaled: int, every: int, on_progress: ProgressSink | None) -> int:
         """Report the tokens after the last progress mark once ``every`` of them accrued;
@@ -221,7 +225,7 @@ class ModelParticipant:
             return journaled
         ids = _joined(prefix_ids, new_ids)[journaled:]
         logprobs = _joined(prefix_logprobs, new_logprobs)[journaled:]
-        on_progress(ModelCallProgress(state.header(writer), call_id, call_index, self.backend.policy_version,
+        on_progress(ModelCallProgress(state.header(writer), call_id, call_index, version,
                                       prompt_sha, journaled, np.ascontiguousarray(ids, dtype="<i4"),
                                       np.ascontiguousarray(logprobs, dtype="<f4")))
         return have

@@ -391,18 +391,22 @@ class RolloutState(RolloutProgress):
     def from_bytes(cls, data: bytes, where: RecordLocation | None = None) -> RolloutState:
         """A state :meth:`to_bytes` wrote, or one an earlier version wrote (zlib'd JSON, the
         arrays base64 inside it)."""
+        arrays: tuple[bytes, bytes] | None = None  # the earlier layout holds them inside the document
         try:
             if data[:len(STATE_MAGIC)] == STATE_MAGIC:
                 doc, tokens, logprobs = _unpacked(zlib.decompress(data[len(STATE_MAGIC):]))
+                arrays = tokens, logprobs
             else:
-                doc = json.loads(zlib.decompress(data))
-                tokens = base64.b64decode(doc["head_tokens"])
-                logprobs = base64.b64decode(doc["logprobs"]) if "logprobs" in doc else b""
-        except (zlib.error, ValueError, KeyError, TypeError) as exc:
+                doc = _document(zlib.decompress(data))
+        except (zlib.error, ValueError) as exc:
             raise StateFoldError(f"snapshot at {where} is not a rollout state: {exc!r}") from exc
         if doc.get("format") not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_V2, _SNAPSHOT_FORMAT_V1):
             raise StateFoldError(f"snapshot at {where} has format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT!r}")
         try:
+            if arrays is None:  # a state's logprobs are there exactly when its lineage is
+                arrays = base64.b64decode(doc["head_tokens"]), \
+                    base64.b64decode(doc["logprobs"]) if "lineage" in doc else b""
+            tokens, logprobs = arrays
             return cls._from_doc(doc, np.frombuffer(tokens, dtype="<i4").copy(),
                                  np.frombuffer(logprobs, dtype="<f4").copy())
         except (KeyError, TypeError, ValueError) as exc:
@@ -440,11 +444,17 @@ def _unpacked(payload: bytes) -> tuple[dict[str, Any], bytes, bytes]:
     start = _STATE_LENGTHS.size
     if start + text + tokens + logprobs != len(payload) or tokens % 4 or logprobs % 4:
         raise ValueError(f"lengths {text}+{tokens}+{logprobs} do not match the {len(payload) - start} bytes after them")
-    doc = json.loads(payload[start:start + text])
-    if not isinstance(doc, dict):
-        raise ValueError(f"the document is a {type(doc).__name__}, not an object")
+    doc = _document(payload[start:start + text])
     start += text
     return doc, payload[start:start + tokens], payload[start + tokens:]
+
+
+def _document(text: bytes) -> dict[str, Any]:
+    """A state's JSON document; ValueError unless it is an object."""
+    doc = json.loads(text)
+    if not isinstance(doc, dict):
+        raise ValueError(f"the document is a {type(doc).__name__}, not an object")
+    return doc
 
 
 def restore_state(history: RolloutHistory, group_id: str = "") -> RolloutState:

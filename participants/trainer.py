@@ -125,14 +125,16 @@ class PromptGroup:
 
 @dataclass(frozen=True)
 class WaitingGroup:
-    """A group the feed holds back, its siblings not all in: it pins where a resumed feed starts
-    (``first``), so one that never completes (a sibling failed for good, or set aside) makes a
-    restarted trainer reread everything after it. What an operator needs to find the missing."""
+    """A group the feed holds back, its siblings not all in: each record of it pins where a resumed
+    feed starts on its partition (results are keyed by rollout, so a group spans partitions), so
+    one that never completes (a sibling failed for good, or set aside) makes a restarted trainer
+    reread everything after them. What an operator needs to find the missing."""
 
     group_id: str
     size: int  # siblings the group needs
     arrived: tuple[str, ...]  # rollout ids of those in, sorted
     first: RecordLocation  # where its first record read lies
+    locations: tuple[RecordLocation, ...]  # where each of ``arrived`` lies, in that order
 
     @property
     def missing(self) -> int:
@@ -250,9 +252,9 @@ class TrainerFeed:
 
     def waiting(self) -> list[WaitingGroup]:
         """The groups read but not complete yet, in the order their first records were read."""
-        return [WaitingGroup(group_id, pending.size, tuple(sorted(pending.results)),
-                             next(iter(pending.results.values())).location)
-                for group_id, pending in self._pending.items()]
+        return [WaitingGroup(group_id, pending.size, tuple(arrived), next(iter(pending.results.values())).location,
+                             tuple(pending.results[rid].location for rid in arrived))
+                for group_id, pending in self._pending.items() for arrived in [sorted(pending.results)]]
 
     def position(self) -> FeedPosition:
         """Where a feed built now would resume: before every record of a group not yet handed on

@@ -358,3 +358,66 @@ def test_a_call_cancelled_as_its_stream_ends_leaves_no_unretrieved_task_error() 
 
     asyncio.run(scenario())
     assert unretrieved == []
+
+
+class FollowingServer:
+    """The torch backend behind a weight follower, as examples/grpo's FollowingPolicy: new weights
+    (here a new name) load when a call starts and none is in flight. ``ended`` is set as a stream
+    ends, so the next rollout's call starts right then."""
+
+    deterministic = True
+    resumes_constrained = True
+
+    def __init__(self) -> None:
+        self.inner = TorchPolicy(tiny_model_dir())
+        self.tokenizer = self.inner.tokenizer
+        self.policy_version, self.published = "v1", "v1"
+        self.in_flight = 0
+        self.ended = asyncio.Event()
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
+        if self.in_flight == 0:
+            self.policy_version = self.published  # the trainer's newest weights, between calls
+        self.in_flight += 1
+        try:
+            async for chunk in self.inner.stream(request):
+                yield chunk
+        finally:
+            self.in_flight -= 1
+            self.ended.set()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+def test_a_call_is_named_for_the_weights_that_sampled_it_not_those_loaded_after() -> None:
+    """A sampled by v1; the trainer publishes v2 meanwhile; B starts as A's stream ends and loads
+    v2. A's ModelCall (the training record's policy version, off-policy correction) says v1."""
+    from participants.model import ModelParticipant
+
+    backend = FollowingServer()
+    model = ModelParticipant(backend)
+    states = {}
+    for name in ("a", "b"):
+        states[name] = RolloutState(f"fw-g0-{name}", "fw-g0")
+        states[name].apply(AttemptStarted(Header(f"fw-g0-{name}", "fw-g0", 1, 1, 0, 0, 0, "test"), 0, "t", "new"))
+    prompt = backend.tokenizer.encode("Summarise the quarterly numbers.")
+    params = SamplingParams(0.0, 1.0, 24, 1)
+
+    async def later_call():
+        await backend.ended.wait()
+        return await model.call(states["b"], prompt, params, None, "fw-b/c0", writer="test")
+
+    async def both():
+        try:
+            first = asyncio.ensure_future(model.call(states["a"], prompt, params, None, "fw-a/c0", writer="test"))
+            second = asyncio.ensure_future(later_call())
+            while backend.in_flight == 0:  # A's stream is open: the trainer publishes new weights
+                await asyncio.sleep(0)
+            backend.published = "v2"
+            return await first, await second
+        finally:
+            await backend.aclose()
+
+    a, b = asyncio.run(both())
+    assert (a.event.policy_version, b.event.policy_version) == ("v1", "v2")

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from journal.backend import OutRecord, Stream
+from journal.backend import OutRecord, Stream, partition_for
 from journal.codec import Codec
 from journal.events import Header, TokenSegment, TrainingRecord
 from journal.file_backend import FileBackend
@@ -127,6 +127,33 @@ def test_an_aborted_transaction_never_reaches_the_trainer(kafka_bootstrap: str, 
         groups += feed.groups(idle_timeout_s=2, poll_s=0.5)  # and then nothing more
     assert [g.group_id for g in groups] == ["kept"]
     assert feed.records_read == 1
+
+
+@pytest.mark.kafka
+def test_a_waiting_group_names_every_partition_it_holds_back(kafka_bootstrap: str, kafka_namespace: str) -> None:
+    """Results are keyed by rollout, so a group's siblings land on several partitions, and each
+    one that arrived holds its partition's resume offset back, not only the first read."""
+    location = f"kafka://{kafka_bootstrap}/{kafka_namespace}?partitions=4"
+    by_partition: dict[int, str] = {}
+    for i in range(64):  # two siblings on different partitions
+        by_partition.setdefault(partition_for(f"w{i}", 4), f"w{i}")
+    w0, w1 = list(by_partition.values())[:2]
+    writer = open_backend(location, writer="w0")
+    publish(writer, record(w0, "W", 3), record(w1, "W", 3))
+    writer.close()
+    with TrainerFeed(open_backend(location, read_only=True)) as feed:
+        for _ in range(240):  # until both are read (a consumer's first fetch can lag under load)
+            assert feed.poll(0.5) is None
+            if feed.records_read == 2:
+                break
+        [waiting] = feed.waiting()
+        position = feed.position()
+    assert (waiting.group_id, waiting.arrived, waiting.missing) == ("W", tuple(sorted((w0, w1))), 1)
+    held = {loc.partition: loc.offset for loc in waiting.locations}
+    assert sorted(held) == sorted(partition_for(r, 4) for r in (w0, w1))  # both partitions, in arrived's order
+    assert [loc.partition for loc in waiting.locations] == [partition_for(r, 4) for r in waiting.arrived]
+    assert all(position.offsets[p] == offset for p, offset in held.items())  # a resumed feed starts at each
+    assert waiting.first in waiting.locations
 
 
 def _trainer(location: str, checkpoint: Path, groups: int, *, kill: str | None = None, at: int = 0,

@@ -119,6 +119,25 @@ def test_damaged_snapshot_state_bytes_fail_with_their_location(damage: str) -> N
         RolloutState.from_bytes(STATE_MAGIC + zlib.compress(payload), at)
 
 
+def test_an_older_layout_state_with_a_lineage_but_no_logprobs_does_not_read() -> None:
+    """A state of the earlier layout (zlib'd JSON) that names a lineage but lost its logprobs is
+    damaged, as it was before the raw layout: read as empty logprobs, it would hand a trainer a
+    record whose logprobs do not cover its sampled tokens."""
+    import base64
+    import zlib
+
+    doc = {"format": "rollout-journal/rollout-state/3", "rollout_id": "r", "group_id": "g", "attempt": 1,
+           "epoch": 1, "next_turn": 1, "next_seq": 3, "finished": False, "reward": None, "messages": [],
+           "head_call_id": "c", "head_tokens": base64.b64encode(np.arange(3, dtype="<i4").tobytes()).decode(),
+           "actions": [], "output_tokens": 2, "outcome": None, "resources": {},
+           "lineage": [[0, 1, False, 1, 0, "c", 0], [1, 3, True, 1, 0, "c", 0]]}
+    with pytest.raises(StateFoldError, match="lacks or mangles field 'logprobs'"):
+        RolloutState.from_bytes(zlib.compress(json.dumps(doc).encode()))
+    doc["logprobs"] = base64.b64encode(np.array([0, -0.5, -1.5], dtype="<f4").tobytes()).decode()
+    again = RolloutState.from_bytes(zlib.compress(json.dumps(doc).encode()))
+    assert again.lineage is not None and again.lineage.logprobs.tolist() == [0, -0.5, -1.5]
+
+
 def test_a_rollout_replayed_without_any_snapshot_keeps_its_task_prompt(tmp_path: Path) -> None:
     """The first attempt journals the conversation it starts from, so a full replay
     (no usable snapshot) rebuilds the system and task prompt, not just the turns."""
