@@ -371,6 +371,7 @@ class StreamingFollower:
         cfg.update({"enable.partition.eof": False, "fetch.wait.max.ms": 50})
         cfg.update(pool.settings.librdkafka)
         self._consumer = new_client(Consumer, cfg, "consumer")
+        self._settings = pool.settings
         self._topic = topic
         self._batch = batch
         self._consumer.assign([TopicPartition(topic, p, offsets.get(p, OFFSET_BEGINNING)) for p in range(partitions)])
@@ -387,6 +388,9 @@ class StreamingFollower:
                 if transient(err):
                     log.debug("following %s: %s", self._topic, describe(err))
                     continue
+                denied = refusal(self._settings, err, {TOPIC: ("READ", self._topic)})  # a grant revoked meanwhile
+                if denied is not None:
+                    raise denied
                 raise JournalError(f"reading topic {self._topic} partition {msg.partition()}: {describe(err)}")
             records.append(stored_record(self._topic, msg.partition(), msg.offset(), msg.key(), msg.value()))
         return records

@@ -414,6 +414,29 @@ def test_a_write_refused_mid_run_names_the_topic_and_nothing_of_the_batch_is_vis
     assert values == [b"turn-1"]
 
 
+def test_a_read_refused_mid_run_names_the_topic(secure: SecureCluster) -> None:
+    """A reader whose READ grant is revoked while it is open (a trainer's, a replay's) is told so,
+    naming the topic, at its next read: not a stall blamed on the cluster's reachability."""
+    user, ns = secure.new_user(), namespace("rr")
+    granted = secure.grant(user, ns)
+    writer = KafkaBackend(secure.settings(user, ns, transactional_id="w0"))
+    reader = KafkaBackend(secure.settings(user, ns), transactional=False, create_topics=False)
+    try:
+        writer.commit([OutRecord(Stream.EVENTS, "r1", b"turn-1", "r1")])
+        # The commit's markers reach the partition a moment after commit() returns: read until they have.
+        wait_for(lambda: [r.value for p in range(2) for r in reader.read_events(p)] == [b"turn-1"], 30,
+                 "the committed turn, read with the grant")
+        delete_acls(secure.admin, [b for b in granted if acl_name(b) == "READ on TOPIC"])
+
+        with pytest.raises(NotAuthorizedError, match=f"not authorized to (READ|DESCRIBE) topic {ns}\\.events"):
+            [r.value for p in range(2) for r in reader.read_events(p)]
+        with pytest.raises(NotAuthorizedError, match=f"(READ|DESCRIBE) topic {ns}\\.results"):  # a trainer's feed
+            reader.follow_results({}).poll(30)
+    finally:
+        reader.close()
+        writer.close()
+
+
 # -- no secret anywhere -------------------------------------------------------------------------
 
 
