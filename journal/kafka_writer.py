@@ -178,7 +178,7 @@ class KafkaWriter:
         self._txn_lock = threading.Lock()  # one transaction at a time; held from stage() to commit/abort
         self._producer: Producer | None = None
         self._failed: JournalError | None = None
-        self._fatal_error: KafkaError | None = None  # what made the producer fatal, from its error_cb
+        self._fatal_error: KafkaError | None = None  # what made the producer fatal (_root_cause finds it)
         self._closed = False
 
     def __repr__(self) -> str:
@@ -215,6 +215,8 @@ class KafkaWriter:
         return cfg
 
     def _on_producer_error(self, err: KafkaError) -> None:
+        # confluent-kafka raises a fatal error from poll()/flush() instead of calling this (see
+        # _root_cause); kept for a client version that calls it.
         if err.fatal():
             self._fatal_error = err
             client_log.error("producer %s fatal error: %s", self.transactional_id, describe(err))
@@ -457,16 +459,23 @@ class KafkaWriter:
 
     def _root_cause(self, producer: Producer, err: KafkaError) -> KafkaError:
         """librdkafka answers every call after a fatal error with ``_FATAL``; the error that made
-        it fatal (a fencing, say) reaches ``error_cb``: serve the callbacks, then report that one."""
+        it fatal (a fencing, say) is handed out once, by the next ``poll()``: confluent-kafka raises
+        it there rather than calling ``error_cb``. Poll, and report that one."""
         if err.code() != KafkaError._FATAL:
             return err
-        # The error event is queued by librdkafka's own thread and may lag the call that already
-        # answered _FATAL (a zombie's produce, seen in the fleet tests): wait for it, bounded.
+        # librdkafka's own thread may learn of the fencing between two of our calls (a zombie's
+        # produce answered _FATAL, seen in the racing-resumes test): its error is queued, unserved.
         deadline = time.monotonic() + _ROOT_CAUSE_WAIT_S
         while self._fatal_error is None and time.monotonic() < deadline:
             try:
                 producer.poll(0.05)
-            except (KafkaException, RuntimeError) as exc:
+            except KafkaException as exc:
+                cause = kafka_error(exc)
+                if cause is not None and cause.code() != KafkaError._FATAL:
+                    self._fatal_error = cause
+                    break
+                log.debug("serving callbacks of a fatal producer: %s", exc)
+            except RuntimeError as exc:
                 log.debug("serving callbacks of a fatal producer: %s", exc)
                 break
         return self._fatal_error or err

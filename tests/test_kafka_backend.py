@@ -274,6 +274,37 @@ def test_a_zombie_fenced_between_transactions_learns_it_on_produce_as_producer_f
         assert sorted(seen) == [b"fresh", b"zombie-before"]
 
 
+def test_a_zombie_that_learns_it_was_fenced_inside_produce_is_still_told_so(settings: KafkaSettings) -> None:
+    """The race behind a fenced `resume` that exited as a fatal error (exit 7, not 6): librdkafka's
+    own thread learns of the fencing between two calls, so the next produce() answers only _FATAL.
+    The cause comes from the next poll(), which confluent-kafka raises instead of calling error_cb.
+    Forced here: the zombie's raw producer produces until it answers _FATAL, nothing polled."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    zombie = KafkaBackend(settings)
+    try:
+        zombie.commit([event("r", b"zombie-before")])
+        with KafkaBackend(settings):  # takes the slot: the zombie's next transaction is refused
+            assert zombie.writer is not None
+            producer = zombie.writer._producer  # the librdkafka handle, driven past the writer on purpose
+            assert producer is not None
+            producer.begin_transaction()
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    producer.produce(zombie.events_topic, b"zombie", b"r", partition=0)
+                except KafkaException as exc:
+                    fatal = exc
+                    break
+                assert time.monotonic() < deadline, "the zombie never learned it was fenced"
+                time.sleep(0.05)
+            assert fatal.args[0].code() == KafkaError._FATAL  # the cause is not in it
+            with pytest.raises(ProducerFencedError, match=settings.transactional_id):
+                zombie.writer._raise_classified(producer, fatal, "producing", in_txn=True)
+    finally:
+        zombie.close()
+
+
 def test_a_journal_closing_while_its_writer_is_fenced_closes(settings: KafkaSettings) -> None:
     # The hang of a fenced `resume`: close() queued the committer's stop while a commit was under
     # way, that commit then failed fatally, and the failure path drained the stop with the queue.
