@@ -391,11 +391,11 @@ class RolloutState(RolloutProgress):
     def from_bytes(cls, data: bytes, where: RecordLocation | None = None) -> RolloutState:
         """A state :meth:`to_bytes` wrote, or one an earlier version wrote (zlib'd JSON, the
         arrays base64 inside it)."""
-        arrays: tuple[bytes, bytes] | None = None  # the earlier layout holds them inside the document
+        tokens: bytes | None = None  # None: the earlier layout, which holds the arrays inside the document
+        logprobs = b""
         try:
             if data[:len(STATE_MAGIC)] == STATE_MAGIC:
                 doc, tokens, logprobs = _unpacked(zlib.decompress(data[len(STATE_MAGIC):]))
-                arrays = tokens, logprobs
             else:
                 doc = _document(zlib.decompress(data))
         except (zlib.error, ValueError) as exc:
@@ -403,10 +403,9 @@ class RolloutState(RolloutProgress):
         if doc.get("format") not in (SNAPSHOT_FORMAT, _SNAPSHOT_FORMAT_V2, _SNAPSHOT_FORMAT_V1):
             raise StateFoldError(f"snapshot at {where} has format {doc.get('format')!r}, expected {SNAPSHOT_FORMAT!r}")
         try:
-            if arrays is None:  # a state's logprobs are there exactly when its lineage is
-                arrays = base64.b64decode(doc["head_tokens"]), \
-                    base64.b64decode(doc["logprobs"]) if "lineage" in doc else b""
-            tokens, logprobs = arrays
+            if tokens is None:  # base64 strings; a state's logprobs are there exactly when its lineage is
+                tokens = base64.b64decode(doc["head_tokens"])
+                logprobs = base64.b64decode(doc["logprobs"]) if "lineage" in doc else b""
             return cls._from_doc(doc, np.frombuffer(tokens, dtype="<i4").copy(),
                                  np.frombuffer(logprobs, dtype="<f4").copy())
         except (KeyError, TypeError, ValueError) as exc:

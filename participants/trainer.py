@@ -252,9 +252,13 @@ class TrainerFeed:
 
     def waiting(self) -> list[WaitingGroup]:
         """The groups read but not complete yet, in the order their first records were read."""
-        return [WaitingGroup(group_id, pending.size, tuple(arrived), next(iter(pending.results.values())).location,
-                             tuple(pending.results[rid].location for rid in arrived))
-                for group_id, pending in self._pending.items() for arrived in [sorted(pending.results)]]
+        groups = []
+        for group_id, pending in self._pending.items():
+            arrived = tuple(sorted(pending.results))
+            first = next(iter(pending.results.values())).location  # results keep the order they were read in
+            groups.append(WaitingGroup(group_id, pending.size, arrived, first,
+                                       tuple(pending.results[rid].location for rid in arrived)))
+        return groups
 
     def position(self) -> FeedPosition:
         """Where a feed built now would resume: before every record of a group not yet handed on
