@@ -188,3 +188,14 @@ def test_services_reports_the_results_read_ratio(kafka_bootstrap: str) -> None:
     for key in ("results_read_ratio", "results_read_ratio_no_tensors", "results_records_per_s_raw",
                 "results_records_per_s_feed"):
         assert report[key] > 0, key
+
+
+def test_snapshot_state_reports_both_layouts() -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "snapshot_state.py"), "--json", "--turns", "2",
+                           "--rounds", "2", "--repeat", "2"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)["turns_2"]
+    assert report["head_tokens"] > 0 and report["bytes"] > 0 and report["earlier_bytes"] > 0
+    for key in ("to_bytes_ms", "from_bytes_ms", "earlier_from_bytes_ms", "read_speedup"):
+        assert report[key] > 0
+    assert len(report["read_speedup_per_round"]) == 2
