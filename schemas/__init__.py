@@ -26,11 +26,21 @@ from typing import Any
 from fastavro import parse_schema
 from fastavro.schema import fingerprint, to_parsing_canonical_form
 
-from schemas.legacy import FINGERPRINTS_0_1_0
+from rollout_journal.schemas import legacy
 
 SCHEMA_DIR = Path(__file__).parent
 _FILE_NAME = re.compile(r"^(?P<name>[A-Za-z]+)\.v(?P<version>\d+)\.avsc$")
 _PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
+
+__all__ = [
+    "SCHEMA_DIR",
+    "SchemaVersion",
+    "current",
+    "released_versions",
+    "self_contained",
+    "shared_types",
+    "standard_fingerprint",
+]
 
 
 @dataclass(frozen=True)
@@ -40,7 +50,7 @@ class SchemaVersion:
     record: str
     version: int
     schema_json: str  # self-contained: every named type written out at its first use; hand it to any Avro peer
-    parsed: dict
+    parsed: dict[str, Any]
     fingerprint: bytes  # CRC-64-AVRO of the Parsing Canonical Form, little-endian as in single-object encoding
     legacy_fingerprint: bytes | None  # what rollout-journal 0.1.0 wrote for this version (None: released later)
     path: Path
@@ -50,17 +60,18 @@ def _full_name(name: str, namespace: str | None) -> str:
     return name if "." in name or not namespace else f"{namespace}.{name}"
 
 
-def shared_types() -> dict[str, dict]:
+def shared_types() -> dict[str, dict[str, Any]]:
     """The shared named types of ``types/``, by full name, as written in their files."""
-    types: dict[str, dict] = {}
+    types: dict[str, dict[str, Any]] = {}
     for path in sorted((SCHEMA_DIR / "types").glob("*.avsc")):
         schema = json.loads(path.read_text())
         types[_full_name(schema["name"], schema.get("namespace"))] = schema
     return types
 
 
-def self_contained(schema: Any, types: dict[str, dict], namespace: str | None = None,
-                   defined: set[str] | None = None) -> Any:
+def self_contained(
+    schema: Any, types: dict[str, dict[str, Any]], namespace: str | None = None, defined: set[str] | None = None
+) -> Any:
     """``schema`` (JSON) with each reference to a type of ``types`` replaced by its
     definition at the first use; later uses stay names, as the spec requires.
 
@@ -114,8 +125,15 @@ def released_versions() -> dict[str, tuple[SchemaVersion, ...]]:
         parsed = parse_schema(json.loads(schema_json))
         if not isinstance(parsed, dict) or parsed["type"] != "record":
             raise ValueError(f"schema file {path} does not hold a record schema")
-        version = SchemaVersion(record, number, schema_json, parsed, standard_fingerprint(schema_json),
-                                FINGERPRINTS_0_1_0.get((record, number)), path)
+        version = SchemaVersion(
+            record,
+            number,
+            schema_json,
+            parsed,
+            standard_fingerprint(schema_json),
+            legacy.FINGERPRINTS_0_1_0.get((record, number)),
+            path,
+        )
         found.setdefault(record, []).append(version)
     return {name: tuple(sorted(v, key=lambda s: s.version)) for name, v in found.items()}
 

@@ -6,13 +6,14 @@ the ones every Avro implementation computes. Records are now written with the
 standard fingerprint only; a reader maps these old ones to the same schema
 versions. The table is frozen like the schema files (journals on disk do not
 change when fastavro does); :func:`fingerprint_by_the_0_1_0_rule` is that rule,
-which ``tests/test_schemas.py`` checks the table against.
+which ``tests/schemas/test_schemas.py`` checks the table against.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from fastavro import parse_schema
 from fastavro.schema import fingerprint, to_parsing_canonical_form
@@ -35,7 +36,7 @@ FINGERPRINTS_0_1_0: dict[tuple[str, int], bytes] = {
 def fingerprint_by_the_0_1_0_rule(record_file: Path) -> bytes:
     """The fingerprint 0.1.0 computed for a record file: fastavro's canonical form
     of the record parsed against the shared types, which leaves them bare names."""
-    named: dict = {}
+    named: dict[str, Any] = {}
     for path in sorted((record_file.parent / "types").glob("*.avsc")):
         parse_schema(json.loads(path.read_text()), named_schemas=named)
     parsed = parse_schema(json.loads(record_file.read_text()), named_schemas=named)
