@@ -2,7 +2,7 @@
 
 Public API (import from here, not from the modules)::
 
-    from journal import Journal, open_journal, ReadReport, load_rollouts
+    from rollout_journal.journal import Journal, open_journal, ReadReport, load_rollouts
 
 ``KafkaBackend`` and ``KafkaSettings`` load lazily, so file-journal users never
 import the Kafka client; so do ``HeadSigner`` and ``HeadVerifier`` (cryptography).
@@ -10,11 +10,11 @@ import the Kafka client; so do ``HeadSigner`` and ``HeadVerifier`` (cryptography
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
-from .codec import Codec
-from .errors import (
+from rollout_journal.journal.backend import Backend, OutRecord, StoredRecord, Stream, partition_for
+from rollout_journal.journal.codec import Codec
+from rollout_journal.journal.errors import (
     AbortableCommitError,
     AuthenticationFailedError,
     ClusterUnreachableError,
@@ -39,12 +39,13 @@ from .errors import (
     WriterLockedError,
     writer_fenced,
 )
-from .events import (
+from rollout_journal.journal.events import (
     AttemptFenced,
     AttemptStarted,
     BlobChunk,
     BlobRef,
     ChainHead,
+    ChatMessage,
     EventChunk,
     HeadCheckpoint,
     Header,
@@ -58,26 +59,39 @@ from .events import (
     RolloutEvent,
     RolloutFailed,
     RolloutFinished,
+    RolloutGivenUp,
     SamplingParams,
     Snapshot,
+    TemplateCheck,
     TokenSegment,
+    ToolCallRef,
     TrainingRecord,
     TurnCompleted,
     WorkloadRegistered,
 )
-from .fencing import EpochFence, FencedEventDropped
-from .file_backend import FileBackend
-from .group_commit import AppendReceipt
-from .journal import Cursor, Journal, JournaledEvent, ReadReport
-from .open import is_kafka_url, open_backend, open_journal
-from .restore import RestorePlan, RolloutHistory, load_rollouts
-from .results import PublishedResult, ResultsFollower, follow_results
-from .snapshots import SnapshotDraft
+from rollout_journal.journal.extras import MissingExtraError
+from rollout_journal.journal.fencing import EpochFence, FencedEventDropped
+from rollout_journal.journal.file.backend import FileBackend
+from rollout_journal.journal.group_commit import AppendReceipt
+from rollout_journal.journal.journal import Cursor, Journal, JournaledEvent, ReadReport
+from rollout_journal.journal.metrics import NO_METRICS, JournalMetrics
+from rollout_journal.journal.open import is_kafka_url, open_backend, open_journal
+from rollout_journal.journal.restore import RestorePlan, RolloutHistory, load_rollouts
+from rollout_journal.journal.results import PublishedResult, ResultsFollower, follow_results
+from rollout_journal.journal.snapshots import SnapshotDraft
+
+if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads on first use
+    from rollout_journal.journal.anchoring import HeadSigner, HeadVerifier, SigningKeyError
+    from rollout_journal.journal.kafka.backend import KafkaBackend
+    from rollout_journal.journal.kafka.config import KafkaSettings
 
 _LAZY = {
-    "KafkaBackend": ".kafka_backend", "KafkaSettings": ".kafka_config",
+    "KafkaBackend": ".kafka.backend",
+    "KafkaSettings": ".kafka.config",
     # signing loads the cryptography package: only for those who sign or verify
-    "HeadSigner": ".anchoring", "HeadVerifier": ".anchoring", "SigningKeyError": ".anchoring",
+    "HeadSigner": ".anchoring",
+    "HeadVerifier": ".anchoring",
+    "SigningKeyError": ".anchoring",
 }
 
 
@@ -118,14 +132,18 @@ __all__ = [
     "JournalClosedError",
     "JournalDamageError",
     "JournalError",
+    "JournalMetrics",
     "JournalStoppedError",
     "JournaledEvent",
     "KafkaBackend",
     "KafkaSettings",
     "Message",
+    "ChatMessage",
+    "MissingExtraError",
     "ModelCall",
     "ModelCallProgress",
     "OutputSegment",
+    "NO_METRICS",
     "NotAuthorizedError",
     "NotInJournalError",
     "OutRecord",
@@ -143,6 +161,7 @@ __all__ = [
     "RolloutEvent",
     "RolloutFailed",
     "RolloutFinished",
+    "RolloutGivenUp",
     "RolloutHistory",
     "RolloutJournalError",
     "SamplingParams",
@@ -152,7 +171,9 @@ __all__ = [
     "SnapshotsLostError",
     "StoredRecord",
     "Stream",
+    "TemplateCheck",
     "TokenSegment",
+    "ToolCallRef",
     "TrainingRecord",
     "TurnCompleted",
     "UnknownSchemaError",

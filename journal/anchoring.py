@@ -32,8 +32,8 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from .errors import ConfigurationError
-from .events import ChainHead, HeadCheckpoint, Header
+from rollout_journal.journal.errors import ConfigurationError
+from rollout_journal.journal.events import ChainHead, HeadCheckpoint, Header
 
 __all__ = [
     "ALGORITHM",
@@ -69,9 +69,17 @@ def checkpoint_message(header: Header, life: int, heads: Sequence[ChainHead], al
     rebuild it; the header's ``seq`` binds the checkpoint to its place in the rollout.
     """
     body = {
-        "rollout_id": header.rollout_id, "group_id": header.group_id, "attempt": header.attempt,
-        "epoch": header.epoch, "turn": header.turn, "seq": header.seq, "ts_ms": header.ts_ms,
-        "writer": header.writer, "life": life, "algorithm": algorithm, "key_id": key_id,
+        "rollout_id": header.rollout_id,
+        "group_id": header.group_id,
+        "attempt": header.attempt,
+        "epoch": header.epoch,
+        "turn": header.turn,
+        "seq": header.seq,
+        "ts_ms": header.ts_ms,
+        "writer": header.writer,
+        "life": life,
+        "algorithm": algorithm,
+        "key_id": key_id,
         "heads": [[h.resource_id, h.revision, h.chain_hash] for h in heads],
     }
     return _DOMAIN + json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
@@ -85,8 +93,10 @@ def _pem_of(value: str, setting: str) -> bytes:
     try:
         return path.read_bytes()
     except OSError as exc:
-        raise SigningKeyError(f"{setting}: cannot read key file {path} ({exc.strerror}); set it to the path of a PEM "
-                              "key file or to the PEM text") from None
+        raise SigningKeyError(
+            f"{setting}: cannot read key file {path} ({exc.strerror}); set it to the path of a PEM "
+            "key file or to the PEM text"
+        ) from None
 
 
 class HeadSigner:
@@ -111,11 +121,15 @@ class HeadSigner:
         try:
             key = serialization.load_pem_private_key(pem, password=None)
         except (ValueError, TypeError) as exc:
-            raise SigningKeyError(f"{setting}: not an unencrypted PEM private key ({type(exc).__name__}); "
-                                  "create one with `openssl genpkey -algorithm ed25519 -out signing.pem`") from None
+            raise SigningKeyError(
+                f"{setting}: not an unencrypted PEM private key ({type(exc).__name__}); "
+                "create one with `openssl genpkey -algorithm ed25519 -out signing.pem`"
+            ) from None
         if not isinstance(key, Ed25519PrivateKey):
-            raise SigningKeyError(f"{setting}: the key is {type(key).__name__}, not Ed25519; "
-                                  "create one with `openssl genpkey -algorithm ed25519 -out signing.pem`")
+            raise SigningKeyError(
+                f"{setting}: the key is {type(key).__name__}, not Ed25519; "
+                "create one with `openssl genpkey -algorithm ed25519 -out signing.pem`"
+            )
         return cls(key)
 
     @classmethod
@@ -127,8 +141,9 @@ class HeadSigner:
         return cls.from_pem(_pem_of(value, SIGNING_KEY_ENV), SIGNING_KEY_ENV)
 
     def private_pem(self) -> bytes:
-        return self._private_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                               serialization.NoEncryption())
+        return self._private_key.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
 
     def public_pem(self) -> bytes:
         return self.public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
@@ -155,8 +170,10 @@ class HeadVerifier:
         try:
             key = serialization.load_pem_public_key(pem)
         except (ValueError, TypeError) as exc:
-            raise SigningKeyError(f"{setting}: not a PEM public key ({type(exc).__name__}); derive one with "
-                                  "`openssl pkey -in signing.pem -pubout -out verify.pem`") from None
+            raise SigningKeyError(
+                f"{setting}: not a PEM public key ({type(exc).__name__}); derive one with "
+                "`openssl pkey -in signing.pem -pubout -out verify.pem`"
+            ) from None
         if not isinstance(key, Ed25519PublicKey):
             raise SigningKeyError(f"{setting}: the key is {type(key).__name__}, not Ed25519")
         return cls(key)
@@ -176,10 +193,13 @@ class HeadVerifier:
         if checkpoint.algorithm != ALGORITHM:
             return f"signed with {checkpoint.algorithm!r}, not {ALGORITHM}"
         if checkpoint.key_id != self.key_id:
-            return (f"signed by key {checkpoint.key_id[:16]}, not the auditor's key {self.key_id[:16]}: forged, "
-                    "or written by a writer with another key")
-        message = checkpoint_message(checkpoint.header, checkpoint.life, checkpoint.heads, checkpoint.algorithm,
-                                     checkpoint.key_id)
+            return (
+                f"signed by key {checkpoint.key_id[:16]}, not the auditor's key {self.key_id[:16]}: forged, "
+                "or written by a writer with another key"
+            )
+        message = checkpoint_message(
+            checkpoint.header, checkpoint.life, checkpoint.heads, checkpoint.algorithm, checkpoint.key_id
+        )
         try:
             self.public_key.verify(checkpoint.signature, message)
         except InvalidSignature:

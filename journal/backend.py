@@ -1,7 +1,7 @@
 """The storage contract every journal backend honours (Kafka, files).
 
-A backend stores opaque keyed records on two streams and knows nothing of
-events, rollouts or fencing; ``journal.Journal`` builds those on top. It must:
+A backend stores opaque keyed records on its streams and knows nothing of
+events, rollouts or fencing; ``rollout_journal.journal.Journal`` builds those on top. It must:
 
 - ``commit`` a batch atomically: after a crash either every record of the batch
   is readable or none is, on every stream it touches (a final turn's events and
@@ -21,13 +21,17 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import ConfigurationError, JournalDamageError, RecordLocation
+from rollout_journal.journal.errors import ConfigurationError, JournalDamageError, RecordLocation
+from rollout_journal.journal.metrics import JournalMetrics
 
 
 class Stream(enum.Enum):
     EVENTS = "events"  # long retention: the audit trail; key = rollout_id
     SNAPSHOTS = "snapshots"  # compacted: latest value per key survives; None value = tombstone
     RESULTS = "results"  # a finished rollout's training record, committed with its final turn; key = rollout_id
+    # compacted, one partition: every workload registration, key = workload name (a backend that
+    # ``keeps_workloads``; elsewhere registrations live on the snapshot stream only)
+    WORKLOADS = "workloads"
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +51,9 @@ class StoredRecord:
     error: str | None = None  # set when the backend could not read the record's bytes
 
 
-def compacted(records: Iterable[StoredRecord], keep: int,
-              on_error: Callable[[StoredRecord], None] = lambda record: None) -> dict[str, list[StoredRecord]]:
+def compacted(
+    records: Iterable[StoredRecord], keep: int, on_error: Callable[[StoredRecord], None] = lambda record: None
+) -> dict[str, list[StoredRecord]]:
     """What log compaction leaves of a keyed stream: the newest ``keep`` values of each
     key, oldest first; a tombstone drops its key. Unreadable records go to ``on_error``."""
     latest: dict[str, list[StoredRecord]] = {}
@@ -69,15 +74,26 @@ def partition_for(partition_key: str, partitions: int) -> int:
     return zlib.crc32(partition_key.encode()) % partitions
 
 
+def record_partition(record: OutRecord, partitions: int) -> int:
+    """The partition ``record`` lands on: its partition key's, or 0 on the one-partition workloads stream."""
+    return 0 if record.stream is Stream.WORKLOADS else partition_for(record.partition_key, partitions)
+
+
 class Backend(ABC):
     """Durable, ordered, atomic storage of keyed records."""
 
     kind: str
     partitions: int
     max_record_bytes: int | None = None  # the largest record value it takes (None: no limit below the journal's)
-    # One writer per partition (a worker fleet's Kafka backend): each partition's records commit in a
-    # transaction of their own, and one partition's writer may fail (fenced) while the others go on.
+    # Writes only the partitions a consumer group assigns it (a group member's Kafka backend): one
+    # partition's appends may fail (revoked, refused) while the others commit.
     writes_per_partition: bool = False
+    # How long a commit aborted for a transient cause (a broker or coordinator away) is redone before
+    # the writer gives up (Kafka: ``cluster_unavailable_timeout_ms``).
+    redo_budget_s: float = 0.0
+    # Keeps a stream of workload registrations of its own (``Stream.WORKLOADS``), which a fleet's
+    # workers follow instead of the snapshot stream (Kafka's ``<namespace>.workloads``).
+    keeps_workloads: bool = False
 
     @abstractmethod
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
@@ -98,7 +114,7 @@ class Backend(ABC):
         out: dict[int, list[RecordLocation] | BaseException] = {}
         start = 0
         for p in partitions:
-            out[p] = locations[start:start + len(batches[p])]
+            out[p] = locations[start : start + len(batches[p])]
             start += len(batches[p])
         return out
 
@@ -119,18 +135,33 @@ class Backend(ABC):
         """Every retained snapshot record (of ``partitions`` only, if given), in log order per
         partition (later wins)."""
 
+    def read_workloads(self) -> Iterator[StoredRecord]:
+        """Every retained record of the workloads stream, in log order (a backend that ``keeps_workloads``)."""
+        raise ConfigurationError(f"a {self.kind} journal keeps its workload registrations on the snapshot stream")
+
     def read_results(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
         """Committed results records of one partition from ``from_offset`` to the current end (a
         rollout's results record lies on its own partition, like its events)."""
         raise ConfigurationError(f"a {self.kind} journal keeps no results stream")
 
+    def owner_token(self, partition: int) -> int | None:
+        """Which assignment of ``partition`` this backend writes under (a group member's: None when it
+        is not assigned the partition now); a backend with one writer owns every partition, always."""
+        return 0
+
     def take_partition(self, partition: int) -> None:
-        """Become the only writer of ``partition``, fencing its previous owner (a fleet's backend)."""
+        """Prepare to write ``partition`` once the group assigned it: learn where its previous owner's
+        commits end (a fleet's backend)."""
         raise ConfigurationError(f"a {self.kind} journal has one writer; partitions cannot be taken")
 
     def release_partition(self, partition: int) -> None:
         """Stop writing ``partition``, so that another worker may take it (a fleet's backend)."""
         raise ConfigurationError(f"a {self.kind} journal has one writer; partitions cannot be released")
+
+    def observe(self, metrics: JournalMetrics) -> None:
+        """Report what only the backend sees (Kafka: transactions, producer re-creations) to
+        ``metrics``; the journal calls it once, at its construction. A backend with nothing of its
+        own to report ignores it."""
 
     def damage(self) -> list[JournalDamageError]:
         """Damage to the storage that no record read will show (a lost snapshot file).

@@ -6,7 +6,7 @@ body, exactly as Avro's own single-object encoders write it (any Avro
 implementation given ``SchemaVersion.schema_json`` decodes the journal). The
 fingerprint names the writer schema without a registry; the reader resolves
 any kept writer version to the current reader schema of that record type.
-Records written by 0.1.0 carry non-standard fingerprints (``schemas.legacy``):
+Records written by 0.1.0 carry non-standard fingerprints (``rollout_journal.schemas.legacy``):
 they are read, never written.
 """
 
@@ -22,11 +22,10 @@ from typing import Any
 import numpy as np
 from fastavro import schemaless_reader, schemaless_writer
 
-import schemas
-from schemas import SchemaVersion
-
-from .errors import CorruptRecordError, RecordLocation, UnknownSchemaError
-from .events import EVENT_TYPES, NESTED_LISTS, NESTED_TYPES, Record
+from rollout_journal import schemas
+from rollout_journal.journal.errors import CorruptRecordError, RecordLocation, UnknownSchemaError
+from rollout_journal.journal.events import EVENT_TYPES, NESTED_LISTS, NESTED_TYPES, Record
+from rollout_journal.schemas import SchemaVersion
 
 MAGIC = b"\xc3\x01"
 PREFIX_LEN = 10
@@ -45,6 +44,7 @@ class _FieldPlan:
     kind: _Kind
     dtype: str | None = None
     cls: type | None = None
+    has_default: bool = False  # a packed field added later: an old writer's record reads its Avro default
 
     @property
     def nested(self) -> type:
@@ -58,7 +58,8 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
     plans = []
     for f in dataclasses.fields(cls):
         if "dtype" in f.metadata:
-            plans.append(_FieldPlan(f.name, _Kind.PACKED, dtype=f.metadata["dtype"]))
+            has_default = f.default_factory is not dataclasses.MISSING
+            plans.append(_FieldPlan(f.name, _Kind.PACKED, dtype=f.metadata["dtype"], has_default=has_default))
         elif f.name in NESTED_TYPES:
             kind = _Kind.NESTED_LIST if f.name in NESTED_LISTS else _Kind.NESTED
             plans.append(_FieldPlan(f.name, kind, cls=NESTED_TYPES[f.name]))
@@ -67,9 +68,7 @@ def _plan(cls: type) -> tuple[_FieldPlan, ...]:
     return tuple(plans)
 
 
-_PLANS: dict[type, tuple[_FieldPlan, ...]] = {
-    cls: _plan(cls) for cls in (*EVENT_TYPES, *set(NESTED_TYPES.values()))
-}
+_PLANS: dict[type, tuple[_FieldPlan, ...]] = {cls: _plan(cls) for cls in (*EVENT_TYPES, *set(NESTED_TYPES.values()))}
 
 
 def _pack(value: Any, dtype: str) -> bytes:
@@ -113,7 +112,9 @@ def _decoder_source(cls: type) -> str:
     args = []
     for p in _PLANS[cls]:
         ref = f"d[{p.name!r}]"
-        if p.kind is _Kind.PACKED:
+        if p.kind is _Kind.PACKED and p.has_default:
+            expr = f"_frombuffer(_default_bytes({ref}), {p.dtype!r})"
+        elif p.kind is _Kind.PACKED:
             expr = f"_frombuffer({ref}, {p.dtype!r})"
         elif p.kind is _Kind.NESTED:
             expr = f"(None if {ref} is None else _decode_{p.nested.__name__}({ref}))"
@@ -125,8 +126,16 @@ def _decoder_source(cls: type) -> str:
     return f"def _decode_{cls.__name__}(d):\n    return _{cls.__name__}({', '.join(args)})\n"
 
 
+def _default_bytes(value: bytes | str) -> bytes:
+    """fastavro fills a bytes field an old writer lacked with its JSON default, a str whose code
+    points are the bytes (the Avro specification's rule for bytes defaults)."""
+    return value.encode("latin-1") if isinstance(value, str) else value
+
+
 _DECODERS: dict[type, Any] = {}
-_namespace.update({"_frombuffer": np.frombuffer}, **{f"_{c.__name__}": c for c in _PLANS})
+_namespace.update(
+    {"_frombuffer": np.frombuffer, "_default_bytes": _default_bytes}, **{f"_{c.__name__}": c for c in _PLANS}
+)
 for _cls in sorted(_PLANS, key=lambda c: c not in set(NESTED_TYPES.values())):
     exec(_decoder_source(_cls), _namespace)  # noqa: S102 - source built above from our own field names
     _DECODERS[_cls] = _namespace[f"_decode_{_cls.__name__}"]
@@ -222,7 +231,10 @@ class Codec:
         try:
             raw = schemaless_reader(body, writer.parsed, reader)
         except Exception as exc:  # fastavro raises several types on garbage input
-            raise CorruptRecordError(location, f"Avro body of {cls.RECORD} v{writer.version} unreadable: {exc!r}") from exc
+            raise CorruptRecordError(
+                location, f"Avro body of {cls.RECORD} v{writer.version} unreadable: {exc!r}"
+            ) from exc
         if body.tell() != len(data):
             raise CorruptRecordError(location, f"{len(data) - body.tell()} trailing bytes after {cls.RECORD} body")
-        return _DECODERS[cls](raw)
+        record: Record = _DECODERS[cls](raw)  # the generated decoder of a record class builds one
+        return record

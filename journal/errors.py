@@ -10,6 +10,7 @@ take over.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -36,11 +37,11 @@ class RolloutJournalError(Exception):
     a scan's worker processes hand theirs to the process that reports them.
     """
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return _rebuilt, (type(self), self.args, self.__dict__)
 
 
-def _rebuilt(cls: type[RolloutJournalError], args: tuple, fields: dict) -> RolloutJournalError:
+def _rebuilt(cls: type[RolloutJournalError], args: tuple[Any, ...], fields: dict[str, Any]) -> RolloutJournalError:
     """An unpickled error: its class and fields, without calling an ``__init__`` of other arguments."""
     error = cls.__new__(cls)
     error.args = args
@@ -160,7 +161,8 @@ class UnstableReadError(JournalError):
             f"below the high watermark {high}, for over {waited_s:g} s; refusing to restore from a prefix that may "
             "lack committed records. Another producer writes this partition (a second worker on the same "
             "namespace, or a crashed one whose transaction the broker aborts after its transaction timeout): "
-            "stop it, or retry once it is gone")
+            "stop it, or retry once it is gone"
+        )
         self.topic = topic
         self.partition = partition
         self.stable = stable
@@ -171,8 +173,47 @@ class WriterLockedError(JournalError):
     """Another process holds the file journal's writer lock."""
 
 
+class WriterTakenError(WriterLockedError):
+    """A Kafka namespace is held by other writers (a fleet, or a ``run``/``resume`` of another
+    ``--writer``): refused before anything was written; the message names who holds it."""
+
+
 class AbortableCommitError(JournalError):
-    """The commit was aborted (librdkafka ``txn_requires_abort``); nothing of it is visible."""
+    """The commit was aborted (librdkafka ``txn_requires_abort``); nothing of it is visible.
+    ``transient``: a broker or coordinator was away; redoing it is worth the wait."""
+
+    transient: bool = False
+
+
+class TransactionRestartedError(AbortableCommitError):
+    """The transaction could not go on (it outlived ``transaction.timeout.ms``, its abort failed, the
+    group's generation moved on): the producer was re-initialized under the same transactional id,
+    which ends whatever the old one left open. Nothing of the batch is visible: redo what this
+    process still owns."""
+
+    transient = True
+
+
+class RecordsRefusedError(AbortableCommitError):
+    """The broker refused the records of some partitions themselves (too large, invalid): the
+    transaction was aborted; redoing it without ``refused`` (partition -> why) succeeds or fails
+    on its own."""
+
+    def __init__(self, message: str, refused: dict[int, str]) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+class RevokedMidCommitError(AbortableCommitError):
+    """Partitions of the batch were revoked while its transaction was open: it was aborted before its
+    offsets were sent (a transaction never commits records of a partition it no longer owns); redo
+    it without ``partitions``."""
+
+    transient = True
+
+    def __init__(self, message: str, partitions: set[int]) -> None:
+        super().__init__(message)
+        self.partitions = partitions
 
 
 class FatalJournalError(JournalError):
@@ -184,13 +225,32 @@ class ProducerFencedError(FatalJournalError):
 
 
 class PartitionFencedError(ProducerFencedError):
-    """This process may no longer write one partition: the writer of a worker fleet's partition
-    (``<namespace>.p<N>``) was fenced by the worker that took the partition over, or the partition
-    was let go. Only that partition's appends fail; the worker drops its rollouts and goes on."""
+    """This process may no longer write one partition (its subclass ``PartitionRevokedError``: the
+    group took it away). Only that partition's appends fail; the worker drops its rollouts and
+    goes on."""
 
     def __init__(self, message: str, partition: int) -> None:
         super().__init__(message)
         self.partition = partition
+
+
+class PartitionRevokedError(PartitionFencedError):
+    """The consumer group no longer assigns this partition to this process (revoked, lost, or
+    assigned anew since the append's rollout was admitted): the append is refused, nothing of it
+    written; the partition's owner continues the rollout from its last committed turn."""
+
+
+class SlotTakenOverError(ProducerFencedError):
+    """A newer process with the same ``--writer`` replaced this one in the namespace's consumer group
+    (its static member, ``group.instance.id = <namespace>.<writer>``): stop, it goes on. Said the
+    same way whichever client learnt it first (the member's consumer, or its producer)."""
+
+    def __init__(self, slot: str, namespace: str, detail: str) -> None:
+        super().__init__(
+            f"writer slot {slot} was fenced: a newer process with the same --writer took over "
+            f"namespace {namespace} ({detail}); this one stops"
+        )
+        self.slot = slot
 
 
 class JournalClosedError(JournalError):
@@ -201,7 +261,10 @@ class JournalStoppedError(JournalClosedError):
     """The journal's writer stopped after a fatal error, ``cause``; no more appends are accepted."""
 
     def __init__(self, cause: BaseException) -> None:
-        super().__init__(f"journal stopped after a fatal error: {cause}")
+        # a fence is no fault: its message says who took over, in full
+        super().__init__(
+            f"journal stopped: {cause}" if writer_fenced(cause) else f"journal stopped after a fatal error: {cause}"
+        )
         self.cause = cause
 
 

@@ -19,15 +19,16 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from .codec import Codec
-from .errors import CorruptRecordError, OversizedEventError, RecordLocation
-from .events import EventChunk, RolloutEvent, TrainingRecord
+from rollout_journal.journal.codec import Codec
+from rollout_journal.journal.errors import CorruptRecordError, OversizedEventError, RecordLocation
+from rollout_journal.journal.events import EventChunk, RolloutEvent, TrainingRecord
 
 _LENGTH_BYTES = 10  # room for the Avro length of the data field
 
 
-def split_event(codec: Codec, event: RolloutEvent | TrainingRecord, encoded: bytes, max_record_bytes: int,
-                max_event_bytes: int) -> list[bytes]:
+def split_event(
+    codec: Codec, event: RolloutEvent | TrainingRecord, encoded: bytes, max_record_bytes: int, max_event_bytes: int
+) -> list[bytes]:
     """The records that carry ``event`` (or a results record, which has a header too): ``encoded``
     itself if it fits one record, else its pieces."""
     if len(encoded) <= max_record_bytes:
@@ -42,9 +43,14 @@ def split_event(codec: Codec, event: RolloutEvent | TrainingRecord, encoded: byt
         raise OversizedEventError(h.rollout_id, h.turn, type(event).__name__, len(encoded), max_event_bytes)
     count = -(-len(encoded) // piece)
     view = memoryview(encoded)
-    return [codec.encode(EventChunk(h, type(event).__name__, digest, i, count, len(encoded),
-                                    bytes(view[i * piece:(i + 1) * piece])))
-            for i in range(count)]
+    return [
+        codec.encode(
+            EventChunk(
+                h, type(event).__name__, digest, i, count, len(encoded), bytes(view[i * piece : (i + 1) * piece])
+            )
+        )
+        for i in range(count)
+    ]
 
 
 @dataclass
@@ -74,18 +80,27 @@ class ChunkJoiner:
         joining = self._joining.get(rollout_id)
         if chunk.index == 0:
             if chunk.size > self.max_event_bytes or chunk.count < 1:
-                raise CorruptRecordError(location, f"chunked {chunk.record} of rollout {rollout_id} claims "
-                                                   f"{chunk.size} bytes in {chunk.count} pieces; this reader "
-                                                   f"joins at most {self.max_event_bytes}")
+                raise CorruptRecordError(
+                    location,
+                    f"chunked {chunk.record} of rollout {rollout_id} claims "
+                    f"{chunk.size} bytes in {chunk.count} pieces; this reader "
+                    f"joins at most {self.max_event_bytes}",
+                )
             self._joining[rollout_id] = _Joining(location, chunk, [chunk.data])
             if joining is not None:
                 raise self._unfinished(rollout_id, joining)
-        elif joining is None or (chunk.sha256, chunk.count, chunk.header.seq) != (
-                joining.chunk.sha256, joining.chunk.count, joining.chunk.header.seq) \
-                or chunk.index != len(joining.parts):
-            raise CorruptRecordError(location, f"piece {chunk.index}/{chunk.count} of a chunked {chunk.record} of "
-                                               f"rollout {rollout_id} (seq {chunk.header.seq}) follows no matching "
-                                               "earlier piece")
+        elif (
+            joining is None
+            or (chunk.sha256, chunk.count, chunk.header.seq)
+            != (joining.chunk.sha256, joining.chunk.count, joining.chunk.header.seq)
+            or chunk.index != len(joining.parts)
+        ):
+            raise CorruptRecordError(
+                location,
+                f"piece {chunk.index}/{chunk.count} of a chunked {chunk.record} of "
+                f"rollout {rollout_id} (seq {chunk.header.seq}) follows no matching "
+                "earlier piece",
+            )
         else:
             joining.parts.append(chunk.data)
         joining = self._joining[rollout_id]
@@ -94,8 +109,11 @@ class ChunkJoiner:
         del self._joining[rollout_id]
         encoded = b"".join(joining.parts)
         if len(encoded) != joining.chunk.size or hashlib.sha256(encoded).hexdigest() != joining.chunk.sha256:
-            raise CorruptRecordError(joining.first, f"chunked {joining.chunk.record} of rollout {rollout_id} "
-                                                    f"(seq {joining.chunk.header.seq}) fails its size or SHA-256 check")
+            raise CorruptRecordError(
+                joining.first,
+                f"chunked {joining.chunk.record} of rollout {rollout_id} "
+                f"(seq {joining.chunk.header.seq}) fails its size or SHA-256 check",
+            )
         return JoinedEvent(encoded, joining.first)
 
     def first_locations(self) -> list[RecordLocation]:
@@ -111,5 +129,8 @@ class ChunkJoiner:
     @staticmethod
     def _unfinished(rollout_id: str, joining: _Joining) -> CorruptRecordError:
         c = joining.chunk
-        return CorruptRecordError(joining.first, f"chunked {c.record} of rollout {rollout_id} (seq {c.header.seq}) "
-                                                 f"stops after {len(joining.parts)} of its {c.count} pieces")
+        return CorruptRecordError(
+            joining.first,
+            f"chunked {c.record} of rollout {rollout_id} (seq {c.header.seq}) "
+            f"stops after {len(joining.parts)} of its {c.count} pieces",
+        )

@@ -8,9 +8,10 @@ element, and unpacks as read-only views over the record's bytes.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union
 
 import numpy as np
 
@@ -22,7 +23,8 @@ def _fields_equal(a: DataclassInstance, b: object) -> bool:
     """Field by field, packed arrays (fields with a ``dtype``) by value: a record holding token
     arrays equals another holding the same tokens."""
     return all(
-        np.array_equal(getattr(a, f.name), getattr(b, f.name)) if "dtype" in f.metadata
+        np.array_equal(getattr(a, f.name), getattr(b, f.name))
+        if "dtype" in f.metadata
         else getattr(a, f.name) == getattr(b, f.name)
         for f in dataclasses.fields(a)
     )
@@ -45,17 +47,77 @@ class Header:
 
 
 @dataclass(frozen=True)
-class Message:
+class ToolCallRef:
+    """One tool call of an assistant message: its id, the function and the arguments as JSON text."""
+
+    id: str
+    name: str
+    arguments_json: str = "{}"
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    """One chat message as the chat template renders it (``Message`` is the same type).
+
+    An assistant message made from a model call names it (``call_id``): its tokens in the
+    rollout are that call's sampled ids, never ``content`` encoded again; ``content`` is the
+    text for readers and for the template's re-render check. ``tool_calls`` are rendered by
+    the template's own tool-call format; a ``tool`` message answers ``tool_call_id``."""
+
     role: str
     content: str
+    tool_calls: list[ToolCallRef] = field(default_factory=list)
+    tool_call_id: str | None = None
+    name: str | None = None
+    call_id: str | None = None
+
+    def as_template_dict(self) -> dict[str, Any]:
+        """The message as ``apply_chat_template`` takes it (OpenAI's shape: ``tool_calls`` with
+        ``function.arguments`` parsed from JSON where it is JSON)."""
+        out: dict[str, Any] = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": _arguments(c.arguments_json)},
+                }
+                for c in self.tool_calls
+            ]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+Message = ChatMessage  # the name before v3 of TurnCompleted / AttemptStarted
+
+
+def _arguments(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text  # not JSON: the template gets the string as the model wrote it
 
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How a call samples. ``temperature`` 0 is greedy; ``top_k`` -1 is off (vLLM's convention);
+    ``top_k`` is applied before ``top_p``."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     max_tokens: int = 32
     seed: int | None = None
+    top_k: int = -1
+
+    def filters(self, vocab_size: int | None = None) -> bool:
+        """Whether top_p / top_k cut the distribution (the processed logprobs are renormalized)."""
+        if self.temperature == 0:
+            return False
+        k = self.top_k
+        return self.top_p < 1.0 or (k > 0 and (vocab_size is None or k < vocab_size))
 
 
 @dataclass(frozen=True)
@@ -93,12 +155,36 @@ class OutputSegment:
     attempt: int
     policy_version: str
     tokens: int
+    logprob_mode: str | None = None  # None: the call's own ``logprob_mode``
+
+
+LOGPROB_PROCESSED = "processed"  # under the distribution sampled from: mask, temperature, top_k, top_p, renormalized
+LOGPROB_RAW = "raw"  # log_softmax of the logits before any of that
+LOGPROB_UNKNOWN = "unknown"  # written before ModelCall.v3
+
+# How a call's prompt continues its parent's tokens (``ModelCall.continuation``)
+CONTINUATION_FIRST = "first"
+CONTINUATION_EXTEND = "extend"
+CONTINUATION_EOS_SPLICE = "eos_splice"
+CONTINUATION_NEW_SEQUENCE = "new_sequence"
+CONTINUATION_UNKNOWN = "unknown"
+
+
+@dataclass(frozen=True)
+class TemplateCheck:
+    """A call's prompt compared with the chat template's full re-render of the conversation."""
+
+    agrees: bool
+    sampled_turns_differing: int = 0  # turns of sampled tokens a re-render tokenizes otherwise
+    rendered_turns_differing: int = 0  # turns of template text that differ: the template rewrites history
+    structure_differs: bool = False  # another number of turns
 
 
 @dataclass(frozen=True, eq=False)
 class ModelCall:
     """One model call. ``prompt = parent.prompt + parent.output`` (its first
-    ``prefix_len`` tokens) followed by ``prompt_delta``."""
+    ``prefix_len`` tokens) followed by ``prompt_delta``; from v3 the prefix is the whole of
+    the parent's prompt+output unless ``continuation`` is ``new_sequence``."""
 
     RECORD: ClassVar[str] = "ModelCall"
     header: Header
@@ -113,10 +199,20 @@ class ModelCall:
     finish_reason: str = "stop"
     latency_ms: float = 0.0
     segments: list[OutputSegment] = field(default_factory=list)  # empty: all by this attempt and policy
+    logprob_mode: str = LOGPROB_UNKNOWN
+    constrained: bool = False  # a decoding constraint masked the distribution
+    continuation: str = CONTINUATION_UNKNOWN
+    inserted_tokens: int = 0  # of prompt_delta: what the template adds to close the parent's turn
+    template_check: TemplateCheck | None = None
+    request_sha256: str = ""  # the request that produced it (record-and-replay checks a redone call against it)
 
     def output_segments(self) -> list[OutputSegment]:
-        """Who generated the output tokens, in order (``segments``, or this record's attempt alone)."""
-        return list(self.segments) or [OutputSegment(self.header.attempt, self.policy_version, len(self.output_ids))]
+        """Who generated the output tokens, in order (``segments``, or this record's attempt alone),
+        each naming its logprob mode (the call's unless the run says otherwise)."""
+        runs = list(self.segments) or [OutputSegment(self.header.attempt, self.policy_version, len(self.output_ids))]
+        return [
+            r if r.logprob_mode is not None else dataclasses.replace(r, logprob_mode=self.logprob_mode) for r in runs
+        ]
 
     def __eq__(self, other: object) -> bool:
         return _fields_equal(self, other) if isinstance(other, ModelCall) else NotImplemented
@@ -135,6 +231,7 @@ class ModelCallProgress:
     start: int
     output_ids: np.ndarray = field(metadata={"dtype": "<i4"})
     logprobs: np.ndarray = field(metadata={"dtype": "<f4"})
+    logprob_mode: str = LOGPROB_UNKNOWN
 
     def __eq__(self, other: object) -> bool:
         return _fields_equal(self, other) if isinstance(other, ModelCallProgress) else NotImplemented
@@ -188,6 +285,18 @@ class RolloutFailed:
 
 
 @dataclass(frozen=True)
+class RolloutGivenUp:
+    """A rollout given up after ``failures`` infrastructure failures reached the workload's budget:
+    terminal, like ``RolloutFinished``, but no result; its training record says given up."""
+
+    RECORD: ClassVar[str] = "RolloutGivenUp"
+    header: Header
+    failures: int
+    error: str  # the last failure's type
+    reason: str  # the last failure, in one line
+
+
+@dataclass(frozen=True)
 class RolloutAcknowledged:
     RECORD: ClassVar[str] = "RolloutAcknowledged"
     header: Header
@@ -229,7 +338,7 @@ class ChainHead:
 class HeadCheckpoint:
     """Signed heads of every resource of a rollout, committed with the mutations they cover.
 
-    Audit only: it changes no rollout state. Built and signed by ``journal.anchoring.HeadSigner``;
+    Audit only: it changes no rollout state. Built and signed by ``rollout_journal.journal.anchoring.HeadSigner``;
     an auditor holding the public key checks it with ``HeadVerifier``.
     """
 
@@ -256,6 +365,9 @@ class WorkloadRegistered:
     # True: acknowledgement keeps a marker, so a registered rollout missing from the snapshot stream
     # has not started; False (journals before 0.3): such a rollout was acknowledged.
     acknowledgement_markers: bool = False
+    # failure_policy.group redispatch: per prompt group, the replacement groups launched after a sibling
+    # was given up (replacement k: group ``<group>r<k>``); see participants.workload.specs.
+    redispatched: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -267,6 +379,11 @@ class FenceEntry:
     seq: int  # of its AttemptStarted: older epochs' events from this seq on are superseded
     writer: str
     ts_ms: int
+
+    @classmethod
+    def of(cls, started: Header) -> FenceEntry:
+        """The entry of the attempt whose ``AttemptStarted`` carries this header."""
+        return cls(started.attempt, started.epoch, started.seq, started.writer, started.ts_ms)
 
 
 @dataclass(frozen=True)
@@ -305,12 +422,30 @@ class TokenSegment:
     turn: int
     call_id: str
     policy_version: str
+    # Sampled runs: the distribution sampled from (rendered runs keep the defaults)
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    logprob_mode: str = LOGPROB_UNKNOWN
+    renormalized: bool = False  # processed logprobs normalized over a top_p / top_k filtered set
+    constrained: bool = False  # a decoding constraint masked the distribution
+
+    @property
+    def exact(self) -> bool:
+        """Sampled, and its logprobs are log_softmax(logits / T) of the full vocabulary (T 1 when
+        greedy): what a trainer recomputes without filters or masks."""
+        return self.generated and self.logprob_mode == LOGPROB_PROCESSED and not (self.renormalized or self.constrained)
 
     def clipped(self, end: int) -> TokenSegment:
         return dataclasses.replace(self, end=min(self.end, end))
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+RECORD_FINISHED = "finished"
+RECORD_GIVEN_UP = "given_up"
+RECORD_UNFINISHED = "unfinished"
 
 
 @dataclass(frozen=True, eq=False)
@@ -329,7 +464,17 @@ class TrainingRecord:
     logprobs: np.ndarray = field(metadata={"dtype": "<f4"})
     loss_mask: np.ndarray = field(metadata={"dtype": "?"})
     token_segments: list[TokenSegment] = field(default_factory=list)
-    attempts: list[FenceEntry] = field(default_factory=list)  # the fence history at the end (the journal fills it)
+    attempts: list[FenceEntry] = field(default_factory=list)  # the fence history at the end (the state's)
+    status: str = RECORD_FINISHED
+    # on a given-up record: what the feed does with its group (drop, redispatch); a finished one says
+    # "wait" (the feed reads the policy from the given-up sibling's record, which decides it)
+    group_policy: str = "wait"
+    sequence_starts: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype="<i4"), metadata={"dtype": "<i4"})
+    calls: int = 0
+    calls_drifted: int = 0
+    eos_splices: int = 0
+    new_sequences: int = 0
+    template_mismatch_calls: int = 0
 
     @property
     def rollout_id(self) -> str:
@@ -339,30 +484,56 @@ class TrainingRecord:
     def group_id(self) -> str:
         return self.header.group_id
 
-    def tensors(self) -> dict:
+    def sequence_bounds(self) -> list[tuple[int, int]]:
+        """``[start, end)`` of each token sequence of ``input_ids`` (one unless a call started a new one)."""
+        starts = [0, *(int(s) for s in self.sequence_starts), len(self.input_ids)]
+        return list(zip(starts[:-1], starts[1:]))
+
+    def tensors(self) -> dict[str, Any]:
         """The record as torch tensors (``input_ids`` int64, ``logprobs`` float32, ``loss_mask`` bool,
-        ``token_attempt`` int32; per segment ``segment_bounds`` int64 [S, 2], ``segment_attempt`` /
-        ``segment_turn`` int32, ``segment_generated`` bool, ``segment_policy_version`` and
-        ``segment_call_id`` lists; ``reward`` float, NaN for an unfinished rollout)."""
+        per token ``token_attempt`` int32, ``token_logprob_exact`` bool (sampled, processed logprobs of
+        the unfiltered, unmasked distribution at the segment's temperature) and ``sequence_id`` int32;
+        per segment ``segment_bounds`` int64 [S, 2], ``segment_attempt`` / ``segment_turn`` /
+        ``segment_top_k`` int32, ``segment_generated`` / ``segment_renormalized`` /
+        ``segment_constrained`` bool, ``segment_temperature`` / ``segment_top_p`` float32,
+        ``segment_policy_version``, ``segment_call_id`` and ``segment_logprob_mode`` lists;
+        ``reward`` float, NaN for an unfinished rollout). The README's "Training on the results"
+        says how a trainer uses each."""
         import torch  # only a trainer needs it
 
         segments = self.token_segments
         attempt = np.zeros(len(self.input_ids), dtype=np.int32)
+        exact = np.zeros(len(self.input_ids), dtype=bool)
         for s in segments:
-            attempt[s.start:s.end] = s.attempt
+            attempt[s.start : s.end] = s.attempt
+            exact[s.start : s.end] = s.exact
+        sequence = np.zeros(len(self.input_ids), dtype=np.int32)
+        for i, (start, end) in enumerate(self.sequence_bounds()):
+            sequence[start:end] = i
         bounds = np.asarray([[s.start, s.end] for s in segments], dtype=np.int64).reshape(-1, 2)
         return {
-            "rollout_id": self.rollout_id, "group_id": self.group_id,
+            "rollout_id": self.rollout_id,
+            "group_id": self.group_id,
             "reward": float("nan") if self.reward is None else float(self.reward),
-            "finished": self.finished, "attempts": self.header.attempt,
+            "finished": self.finished,
+            "status": self.status,
+            "attempts": self.header.attempt,
             "input_ids": torch.from_numpy(self.input_ids.astype(np.int64)),
             "logprobs": torch.from_numpy(np.array(self.logprobs, dtype=np.float32)),
             "loss_mask": torch.from_numpy(np.array(self.loss_mask, dtype=bool)),
             "token_attempt": torch.from_numpy(attempt),
+            "token_logprob_exact": torch.from_numpy(exact),
+            "sequence_id": torch.from_numpy(sequence),
             "segment_bounds": torch.from_numpy(bounds),
             "segment_attempt": torch.tensor([s.attempt for s in segments], dtype=torch.int32),
             "segment_turn": torch.tensor([s.turn for s in segments], dtype=torch.int32),
             "segment_generated": torch.tensor([s.generated for s in segments], dtype=torch.bool),
+            "segment_temperature": torch.tensor([s.temperature for s in segments], dtype=torch.float32),
+            "segment_top_p": torch.tensor([s.top_p for s in segments], dtype=torch.float32),
+            "segment_top_k": torch.tensor([s.top_k for s in segments], dtype=torch.int32),
+            "segment_renormalized": torch.tensor([s.renormalized for s in segments], dtype=torch.bool),
+            "segment_constrained": torch.tensor([s.constrained for s in segments], dtype=torch.bool),
+            "segment_logprob_mode": [s.logprob_mode for s in segments],
             "segment_policy_version": [s.policy_version for s in segments],
             "segment_call_id": [s.call_id for s in segments],
             "policy_versions": sorted({s.policy_version for s in segments}),
@@ -373,25 +544,67 @@ class TrainingRecord:
 
 
 RolloutEvent = Union[
-    AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
-    RolloutAcknowledged, HeadCheckpoint,
+    AttemptStarted,
+    AttemptFenced,
+    ModelCall,
+    ModelCallProgress,
+    ResourceMutation,
+    TurnCompleted,
+    RolloutFinished,
+    RolloutFailed,
+    RolloutGivenUp,
+    RolloutAcknowledged,
+    HeadCheckpoint,
 ]
 Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory, TrainingRecord]
 
 ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
-    AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted, RolloutFinished, RolloutFailed,
-    RolloutAcknowledged, HeadCheckpoint,
+    AttemptStarted,
+    AttemptFenced,
+    ModelCall,
+    ModelCallProgress,
+    ResourceMutation,
+    TurnCompleted,
+    RolloutFinished,
+    RolloutFailed,
+    RolloutGivenUp,
+    RolloutAcknowledged,
+    HeadCheckpoint,
 )
 """What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
 BlobChunk, WorkloadRegistered or FenceHistory found there is a foreign record."""
 
 EVENT_TYPES: tuple[type[Record], ...] = (
-    AttemptStarted, AttemptFenced, ModelCall, ModelCallProgress, ResourceMutation, TurnCompleted,
-    RolloutFinished, RolloutFailed, RolloutAcknowledged, Snapshot, BlobChunk, EventChunk, WorkloadRegistered,
-    HeadCheckpoint, FenceHistory, TrainingRecord,
+    AttemptStarted,
+    AttemptFenced,
+    ModelCall,
+    ModelCallProgress,
+    ResourceMutation,
+    TurnCompleted,
+    RolloutFinished,
+    RolloutFailed,
+    RolloutGivenUp,
+    RolloutAcknowledged,
+    Snapshot,
+    BlobChunk,
+    EventChunk,
+    WorkloadRegistered,
+    HeadCheckpoint,
+    FenceHistory,
+    TrainingRecord,
 )
 NESTED_TYPES: dict[str, type] = {
-    "header": Header, "sampling": SamplingParams, "blob": BlobRef, "messages": Message, "heads": ChainHead,
-    "segments": OutputSegment, "attempts": FenceEntry, "token_segments": TokenSegment,
+    "header": Header,
+    "sampling": SamplingParams,
+    "blob": BlobRef,
+    "messages": ChatMessage,
+    "tool_calls": ToolCallRef,
+    "template_check": TemplateCheck,
+    "heads": ChainHead,
+    "segments": OutputSegment,
+    "attempts": FenceEntry,
+    "token_segments": TokenSegment,
 }
-NESTED_LISTS = frozenset({"messages", "heads", "segments", "attempts", "token_segments"})  # fields of NESTED_TYPES that hold an array of them
+NESTED_LISTS = frozenset(
+    {"messages", "tool_calls", "heads", "segments", "attempts", "token_segments"}
+)  # fields of NESTED_TYPES that hold an array of them

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import RecordLocation
-from .events import AttemptStarted, RolloutEvent
+from rollout_journal.journal.errors import RecordLocation
+from rollout_journal.journal.events import AttemptStarted, RolloutEvent
 
 
 @dataclass(frozen=True)

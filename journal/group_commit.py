@@ -17,12 +17,19 @@ not once per append. An abortable failure redoes the same batch; a fatal one
 fails every pending future and closes the committer, because the next attempt
 must take over.
 
-A backend with one writer per partition (a worker fleet's) commits a batch as
-one transaction per partition: an abortable failure redoes that partition's
-appends only, and a partition whose writer was fenced (``PartitionFencedError``:
-another worker took it) fails that partition's appends only, while the committer
-goes on with the others. An append must then stay within one partition (one
-rollout's turn always does); one that spans several fails alone.
+An abortable failure whose cause is transient (a broker or coordinator away, a
+transaction the producer had to restart) is redone with backoff for as long as
+the backend's ``redo_budget_s``; any other abortable one ``max_commit_attempts``
+times.
+
+A backend that writes only the partitions its consumer group assigns it (a group
+member's Kafka backend) reports each partition's outcome: a partition no longer
+assigned (``PartitionRevokedError``), or whose records the broker refused
+(``RecordsRefusedError``), fails that partition's appends only, while the others
+commit. An append whose ownership check fails (its rollout was admitted under an
+assignment that has since changed) fails alone, before every attempt. An append
+must then stay within one partition (one rollout's turn always does); one that
+spans several fails alone.
 
 Every future ``submit`` hands out resolves: ``submit`` checks for a close or a
 fatal stop and enqueues under one lock, so an append is either queued before
@@ -40,8 +47,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
-from .backend import Backend, OutRecord, Stream, partition_for
-from .errors import (
+from rollout_journal.journal.backend import Backend, OutRecord, Stream, partition_for
+from rollout_journal.journal.errors import (
     AbortableCommitError,
     FatalJournalError,
     JournalClosedError,
@@ -49,8 +56,10 @@ from .errors import (
     NotAuthorizedError,
     PartitionFencedError,
     RecordLocation,
+    RecordsRefusedError,
     writer_fenced,
 )
+from rollout_journal.journal.metrics import NO_METRICS, JournalMetrics
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +73,7 @@ class AppendReceipt:
     batch_appends: int  # how many appends shared that commit
 
 
-class CommitFuture(Future):
+class CommitFuture(Future[AppendReceipt]):
     """A ``Future`` whose waiters make its commit due now (see the module docstring)."""
 
     def __init__(self, make_due: Callable[[], None]) -> None:
@@ -88,7 +97,7 @@ class CommitFuture(Future):
             self._make_due()
         return super().exception(timeout)
 
-    def add_done_callback(self, fn: Callable[[Future], object]) -> None:
+    def add_done_callback(self, fn: Callable[[Future[AppendReceipt]], object]) -> None:
         if not self.done():
             self._make_due()
         super().add_done_callback(fn)
@@ -99,6 +108,43 @@ class PendingAppend:
     # Built in the committer thread, so it can see the backend's state at commit time.
     build: Callable[[], Sequence[OutRecord]]
     future: CommitFuture
+    # Raises PartitionFencedError when the append may no longer commit (run before every attempt).
+    check: Callable[[], None] | None = None
+
+    def still_valid(self, metrics: JournalMetrics = NO_METRICS) -> bool:
+        """Run the check; a failed one fails this append alone."""
+        if self.check is None:
+            return True
+        try:
+            self.check()
+            return True
+        except PartitionFencedError as exc:
+            if self.future.running():
+                self.future.set_exception(exc)
+                metrics.appends_fenced(1)
+            return False
+
+
+class _Redo:
+    """Whether an aborted commit is redone: transient causes for ``budget_s``, with backoff; others
+    ``attempts`` times in all."""
+
+    def __init__(self, attempts: int, budget_s: float) -> None:
+        self.attempts, self.budget_s = attempts, budget_s
+        self.counted = 0
+        self.started: float | None = None
+        self.delay = 0.05
+
+    def allowed(self, exc: AbortableCommitError) -> bool:
+        if exc.transient and self.budget_s > 0:
+            now = time.monotonic()
+            self.started = now if self.started is None else self.started
+            if now - self.started < self.budget_s:
+                time.sleep(self.delay)
+                self.delay = min(self.delay * 2, 2.0)
+                return True
+        self.counted += 1
+        return self.counted < self.attempts
 
 
 class GroupCommitter:
@@ -110,8 +156,10 @@ class GroupCommitter:
         max_batch_appends: int,
         max_commit_attempts: int,
         on_committed: Callable[[Sequence[OutRecord], list[RecordLocation]], None],
+        metrics: JournalMetrics = NO_METRICS,
     ) -> None:
         self._backend = backend
+        self._metrics = metrics
         self._linger_s = linger_ms / 1000.0
         self._max_appends = max_batch_appends
         self._max_attempts = max_commit_attempts
@@ -126,10 +174,11 @@ class GroupCommitter:
         self._thread = threading.Thread(target=self._run, name="journal-committer", daemon=True)
         self._thread.start()
 
-    def submit(self, build: Callable[[], Sequence[OutRecord]]) -> CommitFuture:
+    def submit(self, build: Callable[[], Sequence[OutRecord]], check: Callable[[], None] | None = None) -> CommitFuture:
         """Queue an append; raises ``JournalClosedError`` once the journal is closed (its subclass
-        ``JournalStoppedError`` once a fatal error stopped it)."""
-        pending = PendingAppend(build, CommitFuture(self._make_due))
+        ``JournalStoppedError`` once a fatal error stopped it). ``check`` runs before every attempt
+        to commit it: a ``PartitionFencedError`` it raises fails this append alone."""
+        pending = PendingAppend(build, CommitFuture(self._make_due), check)
         with self._lock:
             if self._failure is not None:
                 raise JournalStoppedError(self._failure) from self._failure
@@ -195,6 +244,7 @@ class GroupCommitter:
         # skipping them could leave a later turn of the same rollout durable without this one.
         for pending in batch:
             pending.future.set_running_or_notify_cancel()
+        batch = [pending for pending in batch if pending.still_valid(self._metrics)]
         built: list[tuple[PendingAppend, Sequence[OutRecord]]] = []
         try:
             for pending in batch:
@@ -206,82 +256,115 @@ class GroupCommitter:
             self._commit_per_partition(built)
             return
         records = [r for _, recs in built for r in recs]
-        for attempt in range(1, self._max_attempts + 1):
+        redo = _Redo(self._max_attempts, self._backend.redo_budget_s)
+        attempt = 0
+        while True:
+            attempt += 1
             started = time.perf_counter()
             try:
                 locations = self._backend.commit(records) if records else []
                 break
             except AbortableCommitError as exc:
-                log.warning("commit of %d records aborted (attempt %d/%d), redoing: %s",
-                            len(records), attempt, self._max_attempts, exc)
-                if attempt == self._max_attempts:
+                log.log(
+                    logging.INFO if exc.transient else logging.WARNING,
+                    "commit of %d records aborted (attempt %d), redoing: %s",
+                    len(records),
+                    attempt,
+                    exc,
+                )
+                if not redo.allowed(exc):
                     self._fail(built, FatalJournalError(f"commit still aborted after {attempt} attempts: {exc}"))
                     return
             except BaseException as exc:
                 self._fail(built, exc)
                 return
         commit_ms = (time.perf_counter() - started) * 1000.0
+        if records:
+            self._metrics.commit_seconds(commit_ms / 1000.0)
         self._on_committed(records, locations)
         self._resolve(built, locations, commit_ms, len(built))
 
     @staticmethod
-    def _resolve(built: Sequence[tuple[PendingAppend, Sequence[OutRecord]]], locations: list[RecordLocation],
-                 commit_ms: float, batch_appends: int) -> None:
+    def _resolve(
+        built: Sequence[tuple[PendingAppend, Sequence[OutRecord]]],
+        locations: list[RecordLocation],
+        commit_ms: float,
+        batch_appends: int,
+    ) -> None:
         """Resolve each append with the locations of its events (``locations``: of every record, in order)."""
         i = 0
         for pending, recs in built:
             if pending.future.running():
-                mine = zip(recs, locations[i:i + len(recs)])
+                mine = zip(recs, locations[i : i + len(recs)])
                 events = [loc for record, loc in mine if record.stream is Stream.EVENTS and not record.continuation]
                 pending.future.set_result(AppendReceipt(events, commit_ms, batch_appends))
             i += len(recs)
 
     def _commit_per_partition(self, built: list[tuple[PendingAppend, Sequence[OutRecord]]]) -> None:
-        """One transaction per partition; each partition succeeds, is redone or fails on its own."""
+        """One backend commit of every partition; each partition succeeds, fails or is redone on its own."""
         n = self._backend.partitions
         groups: dict[int, list[tuple[PendingAppend, Sequence[OutRecord]]]] = {}
         nothing: list[tuple[PendingAppend, Sequence[OutRecord]]] = []  # flushes: nothing to write
         for pending, recs in built:
             partitions = {partition_for(r.partition_key, n) for r in recs}
             if len(partitions) > 1:
-                pending.future.set_exception(ValueError(
-                    f"an append spans partitions {sorted(partitions)}; with one writer per partition an append "
-                    "must stay within one (one rollout's records always do)"))
+                pending.future.set_exception(
+                    ValueError(
+                        f"an append spans partitions {sorted(partitions)}; with one writer per partition an append "
+                        "must stay within one (one rollout's records always do)"
+                    )
+                )
             elif partitions:
                 groups.setdefault(partitions.pop(), []).append((pending, recs))
             else:
                 nothing.append((pending, recs))
-        todo = {p: (group, [r for _, recs in group for r in recs]) for p, group in groups.items()}
+        todo = {p: group for p, group in groups.items()}
+        redo = _Redo(self._max_attempts, self._backend.redo_budget_s)
         attempt = 0
         while todo:
             attempt += 1
+            if attempt > 1:  # ownership may have moved while the commit was redone
+                todo = {p: [item for item in group if item[0].still_valid(self._metrics)] for p, group in todo.items()}
+                todo = {p: group for p, group in todo.items() if group}
+                if not todo:
+                    break
+            records = {p: [r for _, recs in group for r in recs] for p, group in todo.items()}
             started = time.perf_counter()
             try:
-                outcomes = self._backend.commit_partitions({p: records for p, (_, records) in todo.items()})
+                outcomes = self._backend.commit_partitions(records)
             except BaseException as exc:
-                self._fail([item for group, _ in todo.values() for item in group] + nothing, exc)
+                self._fail([item for group in todo.values() for item in group] + nothing, exc)
                 return
             commit_ms = (time.perf_counter() - started) * 1000.0
+            if any(isinstance(outcome, list) and outcome for outcome in outcomes.values()):
+                self._metrics.commit_seconds(commit_ms / 1000.0)
+            aborted: AbortableCommitError | None = None
             for p, outcome in outcomes.items():
-                group, records = todo[p]
+                group = todo[p]
                 if isinstance(outcome, list):
-                    self._on_committed(records, outcome)
+                    self._on_committed(records[p], outcome)
                     self._resolve(group, outcome, commit_ms, len(built))
                     del todo[p]
-                elif isinstance(outcome, (PartitionFencedError, ValueError)):  # this partition alone
+                elif isinstance(
+                    outcome, (PartitionFencedError, RecordsRefusedError, ValueError)
+                ):  # this partition alone
                     log.info("partition %d: %d appends refused: %s", p, len(group), outcome)
+                    if isinstance(outcome, PartitionFencedError):
+                        self._metrics.appends_fenced(sum(1 for pending, _ in group if pending.future.running()))
                     for pending, _ in group:
                         if pending.future.running():
                             pending.future.set_exception(outcome)
                     del todo[p]
-                elif isinstance(outcome, AbortableCommitError) and attempt < self._max_attempts:
-                    log.warning("partition %d: commit of %d records aborted (attempt %d/%d), redoing: %s",
-                                p, len(records), attempt, self._max_attempts, outcome)
+                elif isinstance(outcome, AbortableCommitError):
+                    aborted = outcome
                 else:
-                    if isinstance(outcome, AbortableCommitError):
-                        outcome = FatalJournalError(f"partition {p}: commit still aborted after {attempt} attempts: "
-                                                    f"{outcome}")
-                    self._fail([item for group, _ in todo.values() for item in group] + nothing, outcome)
+                    self._fail([item for group in todo.values() for item in group] + nothing, outcome)
+                    return
+            if aborted is not None and todo:
+                log.warning("commit of %d partitions aborted (attempt %d), redoing: %s", len(todo), attempt, aborted)
+                if not redo.allowed(aborted):
+                    failure = FatalJournalError(f"commit still aborted after {attempt} attempts: {aborted}")
+                    self._fail([item for group in todo.values() for item in group] + nothing, failure)
                     return
         self._resolve(nothing, [], 0.0, len(built))
 

@@ -3,34 +3,40 @@ the same over every backend."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-from .backend import Backend, OutRecord, StoredRecord, Stream, partition_for
-from .codec import Codec, peek_seq
-from .errors import ConfigurationError, CorruptRecordError, FencedWriteError, JournalError, RecordLocation
-from .event_chunks import ChunkJoiner, split_event
-from .events import (
+from rollout_journal.journal.backend import Backend, OutRecord, StoredRecord, Stream, compacted, partition_for
+from rollout_journal.journal.codec import Codec, peek_seq
+from rollout_journal.journal.errors import (
+    ConfigurationError,
+    CorruptRecordError,
+    FencedWriteError,
+    JournalError,
+    PartitionRevokedError,
+    RecordLocation,
+)
+from rollout_journal.journal.event_chunks import ChunkJoiner, split_event
+from rollout_journal.journal.events import (
     ROLLOUT_EVENT_TYPES,
     AttemptStarted,
     EventChunk,
     FenceEntry,
     FenceHistory,
-    Header,
     RolloutAcknowledged,
     RolloutEvent,
     TrainingRecord,
     WorkloadRegistered,
 )
-from .fencing import EpochFence, FencedEventDropped
-from .group_commit import AppendReceipt, GroupCommitter
-from .projection import Projection
-from .snapshots import (
+from rollout_journal.journal.fencing import EpochFence, FencedEventDropped
+from rollout_journal.journal.group_commit import AppendReceipt, GroupCommitter
+from rollout_journal.journal.metrics import NO_METRICS, JournalMetrics
+from rollout_journal.journal.projection import Projection
+from rollout_journal.journal.snapshots import (
     LEGACY_WORKLOAD_PREFIX,
     WORKLOAD_SUFFIX,
     Fence,
@@ -101,41 +107,57 @@ class Journal:
         inline_snapshot_limit: int = 256 * 1024,
         max_record_bytes: int = 512 * 1024,
         max_event_bytes: int = 64 * 1024 * 1024,
+        metrics: JournalMetrics | None = None,
     ) -> None:
         """``max_record_bytes``: an event encoding to more is journaled as ``EventChunk`` pieces
         (lowered to what the backend takes, e.g. a Kafka topic's ``max.message.bytes``), and so is a
         snapshot state over ``inline_snapshot_limit`` (as blob chunks). ``max_event_bytes``: the
-        largest event an append takes, and a reader joins; a larger one fails its own append."""
+        largest event an append takes, and a reader joins; a larger one fails its own append.
+        ``metrics`` hears of commits, transactions and fenced appends (``journal.metrics``)."""
         self.backend = backend
+        self.metrics = metrics or NO_METRICS
+        backend.observe(self.metrics)
         self.codec = Codec()
         limit = backend.max_record_bytes
         self.max_record_bytes = max_record_bytes if limit is None else min(max_record_bytes, limit)
         self.max_event_bytes = max_event_bytes
         # A blob chunk is a record too: a few hundred bytes of framing besides its data.
         self.inline_snapshot_limit = min(inline_snapshot_limit, self.max_record_bytes - 1024)
-        self._projections: dict[tuple, Projection] = {}
+        self._projections: dict[tuple[tuple[str, tuple[str, ...]], ...], Projection] = {}
         self._fence = EpochFence()
         self._fence_lock = threading.Lock()
         self._committed_end: dict[int, int] = {}  # partition -> end after our last commit (committer thread only)
         self._slots: dict[str, SnapshotSlots] = {}  # rollout -> its two snapshot keys, as this writer knows them
-        self._attempts: dict[str, list[FenceEntry]] = {}  # rollout -> its fence history, as this writer knows it
+        # rollout -> its fence history as this writer knows it: for the fence record (restore's first read)
+        # and an acknowledgement's marker; a training record carries the rollout state's own
+        self._attempts: dict[str, list[FenceEntry]] = {}
+        # A group member's: partition -> the token of the assignment it was taken under (take_partition).
+        # Appends commit only while the group still assigns the partition under that token.
+        self._taken: dict[int, int] = {}
+        self._acknowledged: set[str] = set()  # rollouts this writer knows acknowledged (restore, or applied here)
+        self._workloads_stream_checked = False  # register_workload looked for registrations to copy there
         self._committer = GroupCommitter(
             backend,
             linger_ms=linger_ms,
             max_batch_appends=max_batch_appends,
             max_commit_attempts=max_commit_attempts,
             on_committed=self._note_committed,
+            metrics=self.metrics,
         )
 
     # -- writing -----------------------------------------------------------
     def partition_of(self, rollout_id: str) -> int:
         return partition_for(rollout_id, self.backend.partitions)
 
-    def append(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None,
-               result: TrainingRecord | None = None) -> Future:
+    def append(
+        self,
+        events: Sequence[RolloutEvent],
+        snapshot: SnapshotDraft | None = None,
+        result: TrainingRecord | None = None,
+    ) -> Future[AppendReceipt]:
         """Append one turn's events (and its snapshot, and a final turn's training record on the
-        results stream) atomically. The record's fence history is filled in here, from what this
-        writer knows of the rollout's attempts.
+        results stream) atomically. The record is published as handed over: its fence history
+        (``attempts``) is the rollout's own, which its state folded from every ``AttemptStarted``.
 
         Raises ``FencedWriteError`` at once if an event's epoch is older than
         the epoch this journal knows for its rollout, ``OversizedEventError`` if
@@ -145,63 +167,226 @@ class Journal:
         for event in events:  # first: an event too large even in pieces fails this append before anything changes
             rollout_id, value = event.header.rollout_id, self.codec.encode(event)
             pieces = split_event(self.codec, event, value, self.max_record_bytes, self.max_event_bytes)
-            encoded.extend(OutRecord(Stream.EVENTS, rollout_id, piece, rollout_id, continuation=i > 0)
-                           for i, piece in enumerate(pieces))
+            encoded.extend(
+                OutRecord(Stream.EVENTS, rollout_id, piece, rollout_id, continuation=i > 0)
+                for i, piece in enumerate(pieces)
+            )
         headers = [e.header for e in events] + ([snapshot.header] if snapshot is not None else [])
         with self._fence_lock:
-            for header in headers:
-                current = self._fence.current(header.rollout_id)
-                if header.epoch < current:
-                    raise FencedWriteError(header.rollout_id, header.epoch, current)
+            try:
+                for header in headers:
+                    current = self._fence.current(header.rollout_id)
+                    if header.epoch < current:
+                        raise FencedWriteError(header.rollout_id, header.epoch, current)
+                owned = self._owned_under(events, snapshot)
+            except (FencedWriteError, PartitionRevokedError):
+                self.metrics.appends_fenced(1)
+                raise
             for event in events:
-                if isinstance(event, AttemptStarted):  # the fence history, in the same commit, where restore reads first
+                if isinstance(
+                    event, AttemptStarted
+                ):  # the fence history, in the same commit, where restore reads first
                     h = event.header
                     self._fence.raise_to(h.rollout_id, h.epoch)
                     attempts = self._attempts.setdefault(h.rollout_id, [])
-                    attempts.append(FenceEntry(h.attempt, h.epoch, h.seq, h.writer, h.ts_ms))
+                    attempts.append(FenceEntry.of(h))
                     encoded.append(fence_record(self.codec, FenceHistory(h.rollout_id, list(attempts))))
-            if result is not None:
-                result = dataclasses.replace(result, attempts=list(self._attempts.get(result.rollout_id, [])))
         if result is not None:  # the same commit as the final turn: a trainer sees both or neither
             rollout_id = result.rollout_id
-            pieces = split_event(self.codec, result, self.codec.encode(result), self.max_record_bytes,
-                                 self.max_event_bytes)
-            encoded.extend(OutRecord(Stream.RESULTS, rollout_id, piece, rollout_id, continuation=i > 0)
-                           for i, piece in enumerate(pieces))
+            pieces = split_event(
+                self.codec, result, self.codec.encode(result), self.max_record_bytes, self.max_event_bytes
+            )
+            encoded.extend(
+                OutRecord(Stream.RESULTS, rollout_id, piece, rollout_id, continuation=i > 0)
+                for i, piece in enumerate(pieces)
+            )
         if snapshot is None:
-            return self._committer.submit(lambda: encoded)
+            return self._committer.submit(lambda: encoded, check=owned)
         partition = self.partition_of(snapshot.header.rollout_id)
         if partition not in self._committed_end:  # asked here, not in the committer: it may fail or block
             self._committed_end.setdefault(partition, self.backend.end_offset(partition))
-        return self._committer.submit(lambda: encoded + self._snapshot_records(snapshot))
+        return self._committer.submit(lambda: encoded + self._snapshot_records(snapshot), check=owned)
 
-    def append_sync(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None = None,
-                    result: TrainingRecord | None = None) -> AppendReceipt:
+    def _owned_under(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None) -> Callable[[], None]:
+        """The check an append's batch runs in the committer before every attempt: its partition is
+        still assigned under the token it was taken with (a group member's backend; any other owns
+        every partition). Raises ``PartitionRevokedError`` at once if it is not now."""
+        rollout_ids = {e.header.rollout_id for e in events} | ({snapshot.header.rollout_id} if snapshot else set())
+        return self._partition_check({self.partition_of(r) for r in rollout_ids})
+
+    def _partition_check(self, partitions: Collection[int]) -> Callable[[], None]:
+        if not self.backend.writes_per_partition:
+            return lambda: None
+        expected = {p: self._taken.get(p) for p in partitions}
+        for partition, token in expected.items():
+            if token is None or self.backend.owner_token(partition) != token:
+                raise self._revoked(partition)
+
+        def still_owned() -> None:
+            for partition, token in expected.items():
+                if self.backend.owner_token(partition) != token:
+                    raise self._revoked(partition)
+
+        return still_owned
+
+    def _revoked(self, partition: int) -> PartitionRevokedError:
+        return PartitionRevokedError(
+            f"partition {partition} is not this writer's now (revoked, lost, or assigned anew since the "
+            "attempt began): the append is refused; the partition's owner continues from the last committed turn",
+            partition,
+        )
+
+    def append_sync(
+        self,
+        events: Sequence[RolloutEvent],
+        snapshot: SnapshotDraft | None = None,
+        result: TrainingRecord | None = None,
+    ) -> AppendReceipt:
         return self.append(events, snapshot, result).result()
 
-    def acknowledge(self, header: Header, acknowledged_by: str,
-                    attempts: Sequence[FenceEntry] | None = None) -> Future:
-        """The trainer took a finished rollout: journal that, tombstone its snapshots, and mark its
-        fence acknowledged at ``header.epoch`` (kept, so no zombie snapshot brings it back).
-        ``attempts``: its fence history, for a writer that never ran it (a trainer acknowledging
-        from its training record); else what this writer knows."""
+    def acknowledge(
+        self, event: RolloutAcknowledged, attempts: Sequence[FenceEntry] | None = None
+    ) -> Future[AppendReceipt]:
+        """The trainer took a finished rollout: journal ``event`` (built by whoever acknowledges, as
+        every event is, so the event a writer applies to its state is the one journaled), tombstone
+        the rollout's snapshots, and mark its fence acknowledged at the event's epoch (kept, so no
+        zombie snapshot brings it back). ``attempts``: its fence history, for a writer that never
+        ran it (a trainer acknowledging from its training record); else what this writer knows."""
+        header = event.header
         rollout_id = header.rollout_id
-        event = RolloutAcknowledged(header, acknowledged_by)
         encoded = OutRecord(Stream.EVENTS, rollout_id, self.codec.encode(event), rollout_id)
         with self._fence_lock:
+            self._acknowledged.add(rollout_id)
             known = self._attempts.get(rollout_id, []) if attempts is None else attempts
             marker = FenceHistory(rollout_id, list(known), header.epoch)
         fence = fence_record(self.codec, marker)
         return self._committer.submit(
-            lambda: [encoded, *tombstone_records(rollout_id, self._slots.pop(rollout_id, None), keep_fence=True), fence])
+            lambda: [
+                encoded,
+                *tombstone_records(rollout_id, self._slots.pop(rollout_id, None), keep_fence=True),
+                fence,
+            ],
+            check=self._partition_check([self.partition_of(rollout_id)]),
+        )
 
-    def register_workload(self, registration: WorkloadRegistered) -> Future:
-        """Record a workload (its spec and rollout ids) in the compacted stream; the newest wins."""
+    def request_acknowledgement(
+        self, event: RolloutAcknowledged, attempts: Sequence[FenceEntry] | None = None
+    ) -> Future[AppendReceipt]:
+        """The trainer took a finished rollout. On Kafka the request (``event`` itself) goes to
+        ``<namespace>.acks`` and the rollout's partition owner journals that event in its own
+        transaction (:meth:`apply_acknowledgement`): the trainer never writes an owner's partitions.
+        Elsewhere it is :meth:`acknowledge`."""
+        publish = getattr(self.backend, "publish_acknowledgement", None)
+        if publish is None:
+            return self.acknowledge(event, attempts)
+        encoded = self.codec.encode(event)
+        published = cast("Future[RecordLocation]", publish(event.header.rollout_id, encoded))
+        receipt: Future[AppendReceipt] = Future()
+
+        def delivered(done: Future[RecordLocation]) -> None:  # the request is durable: that is its receipt
+            error = done.exception()
+            if error is not None:
+                receipt.set_exception(error)
+            else:
+                receipt.set_result(AppendReceipt([done.result()], 0.0, 1))
+
+        published.add_done_callback(delivered)
+        return receipt
+
+    def apply_acknowledgement(self, stored: StoredRecord) -> Future[AppendReceipt] | None:
+        """(An owner's.) Apply one record of ``<namespace>.acks``: ``RolloutAcknowledged`` on the events,
+        the snapshots tombstoned, the fence marked, in this owner's next transaction. None when there is
+        nothing to do: acknowledged already, a stale attempt's, or not a record of this partition."""
+        try:
+            if stored.error is not None or stored.value is None:
+                raise CorruptRecordError(stored.location, stored.error or "an acknowledgement record has no value")
+            ack = self.codec.decode(stored.value, stored.location)
+            if not isinstance(ack, RolloutAcknowledged):
+                raise CorruptRecordError(stored.location, f"holds a {type(ack).__name__}, not RolloutAcknowledged")
+        except JournalError as exc:
+            log.warning("skipping acknowledgement record: %s", exc)
+            return None
+        header = ack.header
+        rollout_id = header.rollout_id
+        if self.partition_of(rollout_id) != stored.location.partition:
+            log.warning("acknowledgement of %s at %s is on the wrong partition; skipped", rollout_id, stored.location)
+            return None
+        with self._fence_lock:
+            current = self._fence.current(rollout_id)
+            done = rollout_id in self._acknowledged
+        if done:
+            return None
+        if header.epoch < current:
+            log.info(
+                "acknowledgement of %s epoch %d is stale (epoch %d runs); skipped", rollout_id, header.epoch, current
+            )
+            return None
+        return self.acknowledge(ack)  # the event the trainer built, journaled as it is
+
+    def register_workload(self, registration: WorkloadRegistered) -> Future[AppendReceipt]:
+        """Record a workload (its spec and rollout ids) in the compacted streams; the newest wins. On
+        the snapshot stream (restore and the read tools find it there) and, on a backend that keeps
+        one, the workloads stream (what a fleet's workers follow). Found empty there the first time,
+        the workloads stream gets a copy of every registration of the snapshot stream in the same
+        commit (a namespace of an older version), so that following it misses none."""
         value = self.codec.encode(registration)
-        record = OutRecord(Stream.SNAPSHOTS, workload_key(registration.name), value, registration.name)
-        return self._committer.submit(lambda: [record])
+        records = [OutRecord(Stream.SNAPSHOTS, workload_key(registration.name), value, registration.name)]
+        checking = self.backend.keeps_workloads and not self._workloads_stream_checked
+        if checking:
+            records += self._legacy_registration_copies(exclude=registration.name)
+        if self.backend.keeps_workloads:
+            records.append(OutRecord(Stream.WORKLOADS, registration.name, value, registration.name))
+        committed = self._committer.submit(lambda: records)
+        if checking:  # once the copies are durable; a failed commit looks again next time
 
-    def tombstone(self, rollout_id: str) -> Future:
+            def checked(done: Future[AppendReceipt]) -> None:
+                if done.exception() is None:
+                    self._workloads_stream_checked = True
+
+            committed.add_done_callback(checked)
+        return committed
+
+    def _legacy_registration_copies(self, exclude: str) -> list[OutRecord]:
+        """Copies for the workloads stream of the snapshot stream's registrations, when it holds none."""
+        if registrations(self.codec, self.backend.read_workloads()):
+            return []
+        legacy = self._snapshot_registrations()
+        legacy.pop(exclude, None)
+        if legacy:
+            log.info(
+                "%s held no workload registration: %d copied there from the snapshot stream (%s)",
+                self._workloads_stream_name(),
+                len(legacy),
+                ", ".join(sorted(legacy)),
+            )
+        return [OutRecord(Stream.WORKLOADS, name, self.codec.encode(r), name) for name, r in sorted(legacy.items())]
+
+    def _snapshot_registrations(self) -> dict[str, WorkloadRegistered]:
+        """Every registration the snapshot stream holds (all of it is read: its states too)."""
+        records = [
+            r
+            for r in self.backend.read_snapshots()
+            if r.error is None and (r.key.endswith(WORKLOAD_SUFFIX) or r.key.startswith(LEGACY_WORKLOAD_PREFIX))
+        ]
+        index = load_snapshots(self.codec, records)
+        for exc in index.errors:
+            log.warning("%s", exc)
+        return index.workloads
+
+    def _workloads_stream_name(self) -> str:
+        return str(getattr(self.backend, "workloads_topic", f"the {self.backend.kind} journal's workloads stream"))
+
+    def workloads(self) -> dict[str, WorkloadRegistered]:
+        """Every workload registered, newest registration per name: from the workloads stream, or, on
+        a backend without one or while it holds none (a namespace of an older version), from the
+        snapshot stream."""
+        if self.backend.keeps_workloads:
+            found = registrations(self.codec, self.backend.read_workloads())
+            if found:
+                return found
+        return self._snapshot_registrations()
+
+    def tombstone(self, rollout_id: str) -> Future[AppendReceipt]:
         """Drop everything a rollout holds in the compacted stream: snapshots, blob chunks, fence."""
         with self._fence_lock:
             self._attempts.pop(rollout_id, None)
@@ -218,6 +403,8 @@ class Journal:
         with self._fence_lock:
             self._fence.raise_to(rollout_id, fence.epoch)
             self._attempts[rollout_id] = list(fence.history)
+            if fence.acknowledged:
+                self._acknowledged.add(rollout_id)
 
     def note_snapshot_slots(self, rollout_id: str, slots: SnapshotSlots) -> None:
         """Tell the writer what a rollout's snapshot keys hold (restore learns it), so the next snapshot
@@ -230,8 +417,12 @@ class Journal:
         rollout_id = draft.header.rollout_id
         partition = self.partition_of(rollout_id)
         records, self._slots[rollout_id] = snapshot_records(
-            self.codec, draft, partition, self._committed_end[partition],
-            self.inline_snapshot_limit, self._slots.get(rollout_id, SnapshotSlots()),
+            self.codec,
+            draft,
+            partition,
+            self._committed_end[partition],
+            self.inline_snapshot_limit,
+            self._slots.get(rollout_id, SnapshotSlots()),
         )
         return records
 
@@ -247,20 +438,31 @@ class Journal:
         self._committer.submit(lambda: []).result()
 
     # -- partition ownership (a worker fleet's backend) ---------------------------------------
-    def take_partition(self, partition: int) -> None:
-        """Become the only writer of ``partition``: the backend fences its previous owner and ends
-        that owner's open transaction. Restore the partition's rollouts after this, never before."""
+    def take_partition(self, partition: int, token: int | None = None) -> None:
+        """Prepare to write ``partition``, which the group assigned (under ``token``, the backend's
+        ``own()``; None: its current one): the backend learns where the previous owner's commits end
+        (waiting while its last transaction is undecided). Appends to the partition commit from now
+        on, while that assignment lasts. Restore the partition's rollouts after this, never before."""
+        current = self.backend.owner_token(partition)
+        token = current if token is None else token
+        if self.backend.writes_per_partition and (token is None or token != current):
+            raise self._revoked(partition)
         self.backend.take_partition(partition)
         self._committed_end.pop(partition, None)  # the next snapshot asks where the partition ends now
+        if token is not None:
+            self._taken[partition] = token
 
     def release_partition(self, partition: int) -> None:
-        """Stop writing ``partition`` (its rollouts were stopped and their appends are durable) and
-        forget what this writer knew of its rollouts: whoever takes it next restores them."""
+        """Stop writing ``partition`` (revoked or lost: its appends are refused from now on) and forget
+        what this writer knew of its rollouts: whoever takes it next restores them."""
+        self._taken.pop(partition, None)
         self.backend.release_partition(partition)
+        self._committed_end.pop(partition, None)
         with self._fence_lock:
             for rollout_id in [r for r in self._attempts if self.partition_of(r) == partition]:
                 del self._attempts[rollout_id]
                 self._fence.forget(rollout_id)
+            self._acknowledged = {r for r in self._acknowledged if self.partition_of(r) != partition}
         for rollout_id in [r for r in self._slots if self.partition_of(r) == partition]:
             self._slots.pop(rollout_id, None)
 
@@ -275,8 +477,9 @@ class Journal:
         self.close()
 
     # -- reading -----------------------------------------------------------
-    def _decode(self, stored: StoredRecord, report: ReadReport | None, chunks: ChunkJoiner,
-                projection: Projection | None = None) -> JournaledEvent | None:
+    def _decode(
+        self, stored: StoredRecord, report: ReadReport | None, chunks: ChunkJoiner, projection: Projection | None = None
+    ) -> JournaledEvent | None:
         """The event a record holds (only the fields ``projection`` keeps, if given); None for a piece
         of a chunked event not yet complete, or (with a report) a bad record."""
         try:
@@ -294,8 +497,10 @@ class Journal:
                 location = joined.location
                 record = decode(joined.encoded, location)
             if not isinstance(record, ROLLOUT_EVENT_TYPES):
-                raise CorruptRecordError(location, f"holds a {type(record).__name__} record, not a rollout "
-                                                   "event (it belongs on the snapshot stream)")
+                raise CorruptRecordError(
+                    location,
+                    f"holds a {type(record).__name__} record, not a rollout event (it belongs on the snapshot stream)",
+                )
             # cast: checked just above (isinstance narrows on a tuple of the Union's classes only from mypy 2.0)
             return JournaledEvent(cast(RolloutEvent, record), location)
         except JournalError as exc:
@@ -313,8 +518,9 @@ class Journal:
         if fence.admit(item.event):
             return True
         header = item.event.header
-        dropped = FencedEventDropped(item.location, header.rollout_id, header.epoch,
-                                     fence.current(header.rollout_id), type(item.event).__name__)
+        dropped = FencedEventDropped(
+            item.location, header.rollout_id, header.epoch, fence.current(header.rollout_id), type(item.event).__name__
+        )
         log.info("%s", dropped)
         if report is not None:
             report.fenced.append(dropped)
@@ -330,7 +536,9 @@ class Journal:
                 log.warning("%s", damage)
                 report.errors.append(damage)
 
-    def read_rollouts(self, cursors: Mapping[str, Cursor], report: ReadReport | None = None) -> Iterator[JournaledEvent]:
+    def read_rollouts(
+        self, cursors: Mapping[str, Cursor], report: ReadReport | None = None
+    ) -> Iterator[JournaledEvent]:
         """Events of the given rollouts after their cursors, in log order per
         partition, fenced. One pass per partition from its lowest cursor."""
         self.note_damage(report)
@@ -355,8 +563,11 @@ class Journal:
                 if cursor is not None and cursor.after_seq >= 0 and stored.error is None:
                     try:
                         # Only a header-led record may be peeked: any other bytes are decoded and reported.
-                        if stored.value is not None and self.codec.record_class(stored.value) in _PEEKABLE \
-                                and peek_seq(stored.value) <= cursor.after_seq:
+                        if (
+                            stored.value is not None
+                            and self.codec.record_class(stored.value) in _PEEKABLE
+                            and peek_seq(stored.value) <= cursor.after_seq
+                        ):
                             continue  # covered by the snapshot: skip without decoding (or joining pieces)
                     except (IndexError, ValueError):
                         pass  # let the full decode name what is wrong
@@ -370,17 +581,23 @@ class Journal:
             for exc in chunks.unfinished():
                 self._report(exc, report)
 
-    def read_rollout(self, rollout_id: str, cursor: Cursor = Cursor(), report: ReadReport | None = None) -> Iterator[JournaledEvent]:
+    def read_rollout(
+        self, rollout_id: str, cursor: Cursor = Cursor(), report: ReadReport | None = None
+    ) -> Iterator[JournaledEvent]:
         """One rollout's events after ``cursor`` in order, fenced."""
         return self.read_rollouts({rollout_id: cursor}, report)
 
-    def scan(self, report: ReadReport | None = None, fields: Mapping[type, tuple[str, ...]] | None = None,
-             partitions: Iterable[int] | None = None) -> Iterator[JournaledEvent]:
+    def scan(
+        self,
+        report: ReadReport | None = None,
+        fields: Mapping[type, tuple[str, ...]] | None = None,
+        partitions: Iterable[int] | None = None,
+    ) -> Iterator[JournaledEvent]:
         """Every committed event of the journal (of ``partitions`` only, if given), fenced,
         partition by partition. Memory stays bounded by the number of rollouts (one epoch each).
 
         ``fields`` (record class -> field names) reads those record types projected: only the named
-        fields are decoded, the others are ``None`` (see :mod:`journal.projection`); for a reader
+        fields are decoded, the others are ``None`` (see :mod:`rollout_journal.journal.projection`); for a reader
         that folds bookkeeping only, never for one that restores, audits or exports. Damage beyond
         any one record (:meth:`note_damage`) goes into ``report`` on a whole-journal scan only."""
         projection = None if fields is None else self.projection(fields)
@@ -407,11 +624,21 @@ class Journal:
         return found
 
     def follow_workloads(self) -> WorkloadFeed:
-        """The workload registrations as they are committed (a fleet's workers pick them up)."""
-        follow = getattr(self.backend, "follow_snapshots", None)
+        """The workload registrations as they are committed (a fleet's workers pick them up): the
+        workloads stream, followed; the snapshot stream is read once, at the first poll, only where
+        the workloads stream holds nothing yet (a namespace of an older version)."""
+        follow = getattr(self.backend, "follow_workloads", None)
         if follow is None:
-            raise ConfigurationError(f"a {self.backend.kind} journal cannot be followed; a fleet shares a Kafka namespace")
-        return WorkloadFeed(self.codec, follow())
+            raise ConfigurationError(
+                f"a {self.backend.kind} journal cannot be followed; a fleet shares a Kafka namespace"
+            )
+        follower = follow()
+        if follower is None:
+            raise ConfigurationError(
+                f"{self._workloads_stream_name()} does not exist: open the namespace with a writer of this "
+                "version (a worker, submit), which creates it"
+            )
+        return WorkloadFeed(self.codec, follower, self._snapshot_registrations, self._workloads_stream_name())
 
     def snapshots(self, partitions: Collection[int] | None = None) -> SnapshotIndex:
         """Newest valid snapshot of every rollout still in the compacted stream (on ``partitions``
@@ -422,24 +649,66 @@ class Journal:
         return index
 
 
-class SnapshotFollower(Protocol):
-    """What a backend's ``follow_snapshots()`` returns: each poll, the records committed since the last."""
+class RecordFollower(Protocol):
+    """What a backend's ``follow_workloads()`` returns: each poll, the records committed since the last."""
 
     def poll(self) -> list[StoredRecord]: ...
 
+    def close(self) -> None: ...
+
+
+def registrations(codec: Codec, stored: Iterable[StoredRecord]) -> dict[str, WorkloadRegistered]:
+    """The newest registration per workload of records of the workloads stream (key: the workload's
+    name); a tombstone drops its workload, a record that is no registration is logged and skipped."""
+    found: dict[str, WorkloadRegistered] = {}
+    for key, kept in compacted(
+        stored, 1, lambda r: log.warning("%s", CorruptRecordError(r.location, str(r.error)))
+    ).items():
+        record = kept[-1]
+        try:
+            value = codec.decode(cast(bytes, record.value), record.location)
+        except JournalError as exc:
+            log.warning("%s", exc)
+            continue
+        if not isinstance(value, WorkloadRegistered) or value.name != key:
+            log.warning("%s holds no registration of workload %r; skipped", record.location, key)
+            continue
+        found[key] = value
+    return found
+
 
 class WorkloadFeed:
-    """New workload registrations, as they are committed to the snapshot stream."""
+    """New workload registrations, as they are committed to the workloads stream."""
 
-    def __init__(self, codec: Codec, follower: SnapshotFollower) -> None:
+    def __init__(
+        self,
+        codec: Codec,
+        follower: RecordFollower,
+        legacy: Callable[[], dict[str, WorkloadRegistered]],
+        where: str,
+    ) -> None:
+        """``legacy``: the snapshot stream's registrations, read at the first poll if the workloads
+        stream holds none; ``where``: the journal, as the log line names it."""
         self._codec = codec
         self._follower = follower
+        self._legacy: Callable[[], dict[str, WorkloadRegistered]] | None = legacy
+        self._where = where
 
     def poll(self) -> dict[str, WorkloadRegistered]:
         """The registrations committed since the last poll (the first: all), newest per workload."""
-        records = [r for r in self._follower.poll()
-                   if r.error is None and (r.key.endswith(WORKLOAD_SUFFIX) or r.key.startswith(LEGACY_WORKLOAD_PREFIX))]
-        index = load_snapshots(self._codec, records)
-        for exc in index.errors:
-            log.warning("%s", exc)
-        return index.workloads
+        found = registrations(self._codec, self._follower.poll())
+        legacy, self._legacy = self._legacy, None
+        if legacy is not None and not found:  # nothing there: a namespace whose snapshot stream alone holds them?
+            found = legacy()
+            if found:
+                log.info(
+                    "%s holds no workload registration; %d read once from the snapshot stream "
+                    "(a namespace of an older version; the next submit copies them there): %s",
+                    self._where,
+                    len(found),
+                    ", ".join(sorted(found)),
+                )
+        return found
+
+    def close(self) -> None:
+        self._follower.close()

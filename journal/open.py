@@ -6,24 +6,27 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal, TypedDict, Unpack
 
-from .backend import Backend
-from .errors import ConfigurationError
-from .file_backend import FileBackend
-from .journal import Journal
+from rollout_journal.journal.backend import Backend
+from rollout_journal.journal.errors import ConfigurationError
+from rollout_journal.journal.file.backend import FileBackend
+from rollout_journal.journal.journal import Journal
+from rollout_journal.journal.metrics import JournalMetrics
 
 KAFKA_SCHEME = "kafka://"
 
-Mode = Literal["slot", "read", "partitions", "plain"]
-"""How a journal is opened: ``slot``, the single writer of its worker slot (``writer``); ``read``,
-only reading (never fences a writer); ``partitions``, a fleet worker that writes the partitions it
-takes (Kafka only); ``plain``, durable single-record writes without a transaction, topics created
-if missing (``submit``'s registration; Kafka only)."""
+Mode = Literal["slot", "read", "member", "partitions", "plain"]
+"""How a journal is opened: ``slot``, the single writer of its worker slot (``writer``; on Kafka a
+library mode for tools and tests: nothing keeps a second slot off the namespace); ``read``, only
+reading (never fences a writer); ``member``, a member of the namespace's consumer group that writes
+only the partitions the group assigns it (a fleet's ``worker``, and ``run``/``resume``; Kafka only;
+``partitions`` is its old name); ``plain``, durable single-record writes without a transaction,
+topics created if missing (``submit``'s registration; Kafka only)."""
 
 
 class JournalOptions(TypedDict, total=False):
     """The keyword options of :class:`Journal` (see its ``__init__``, where their defaults and
     meaning live), passed on by ``open_journal``. Restated so callers' options are type-checked;
-    tests/test_journal_open.py fails when the two lists differ in a name or a type."""
+    tests/journal/test_journal_open.py fails when the two lists differ in a name or a type."""
 
     linger_ms: float
     max_batch_appends: int
@@ -31,35 +34,49 @@ class JournalOptions(TypedDict, total=False):
     inline_snapshot_limit: int
     max_record_bytes: int
     max_event_bytes: int
+    metrics: JournalMetrics | None
 
 
 def is_kafka_url(location: str) -> bool:
     return location.startswith(KAFKA_SCHEME)
 
 
-def open_backend(location: str, *, writer: str = "worker-0", read_only: bool = False,
-                 mode: Mode | None = None) -> Backend:
+def open_backend(
+    location: str, *, writer: str = "worker-0", read_only: bool = False, mode: Mode | None = None
+) -> Backend:
     """A backend for ``location``; ``writer`` is the stable worker slot (on Kafka the producer's
     ``transactional.id`` is ``<namespace>.<writer>``). ``read_only`` is ``mode="read"``."""
     mode = mode or ("read" if read_only else "slot")
     if is_kafka_url(location):
-        from .kafka_backend import KafkaBackend  # imported lazily: file users need no broker client
-        from .kafka_config import KafkaSettings
+        from rollout_journal.journal.kafka.backend import (
+            KafkaBackend,  # imported lazily: file users need no broker client
+        )
+        from rollout_journal.journal.kafka.config import KafkaSettings
 
         settings = KafkaSettings.from_url(location)
         if mode == "slot" and settings.transactional_id is None:  # neither the URL nor the environment named one
             settings = settings.model_copy(update={"transactional_id": writer})
-        if mode == "partitions":
-            return KafkaBackend(settings, partition_writers=True)
+        if mode in ("member", "partitions"):
+            return KafkaBackend(settings, member=writer)
         return KafkaBackend(settings, transactional=mode == "slot", create_topics=mode != "read")
     if "://" in location:
-        raise ConfigurationError(f"journal location {location!r}: unknown scheme; use a directory path or kafka://host:port/namespace")
-    if mode in ("partitions", "plain"):
-        raise ConfigurationError(f"journal {location}: a worker fleet shares a namespace on Kafka "
-                                 "(kafka://host:port/namespace); a file journal has one writer: use `rollout-journal run`")
+        raise ConfigurationError(
+            f"journal location {location!r}: unknown scheme; use a directory path or kafka://host:port/namespace"
+        )
+    if mode in ("member", "partitions", "plain"):
+        raise ConfigurationError(
+            f"journal {location}: a worker fleet shares a namespace on Kafka "
+            "(kafka://host:port/namespace); a file journal has one writer: use `rollout-journal run`"
+        )
     return FileBackend(Path(location), read_only=mode == "read")
 
 
-def open_journal(location: str, *, writer: str = "worker-0", read_only: bool = False, mode: Mode | None = None,
-                 **journal_options: Unpack[JournalOptions]) -> Journal:
+def open_journal(
+    location: str,
+    *,
+    writer: str = "worker-0",
+    read_only: bool = False,
+    mode: Mode | None = None,
+    **journal_options: Unpack[JournalOptions],
+) -> Journal:
     return Journal(open_backend(location, writer=writer, read_only=read_only, mode=mode), **journal_options)

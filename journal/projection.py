@@ -23,17 +23,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 
-from schemas import SchemaVersion
-
-from .codec import _DECODERS, _PLANS, MAGIC, PREFIX_LEN, Codec, _Kind, _read_long
-from .errors import CorruptRecordError, RecordLocation
-from .events import NESTED_TYPES as _NESTED_TYPES
-from .events import Record
+from rollout_journal.journal.codec import _DECODERS, _PLANS, MAGIC, PREFIX_LEN, Codec, _Kind, _read_long
+from rollout_journal.journal.errors import CorruptRecordError, RecordLocation
+from rollout_journal.journal.events import NESTED_TYPES as _NESTED_TYPES
+from rollout_journal.journal.events import Record
+from rollout_journal.schemas import SchemaVersion
 
 _FIXED_WIDTH = {"null": 0, "boolean": 1, "float": 4, "double": 8}
 _VARINT = frozenset({"int", "long", "enum"})
@@ -182,7 +181,11 @@ class _Generator:
                 parts[f["name"]] = self.src.name("v")
                 self.read(f["type"], depth, inner, parts[f["name"]])
             plain = () if build is None else _PLANS.get(build, ())
-            if build is not None and [f.name for f in plain] == list(parts) and all(f.kind is _Kind.PLAIN for f in plain):
+            if (
+                build is not None
+                and [f.name for f in plain] == list(parts)
+                and all(f.kind is _Kind.PLAIN for f in plain)
+            ):
                 # the class's own fields, in schema order: construct it without a dict in between
                 emit(depth, _construct(build, target, list(parts.values())))
                 self.built.add(target)
@@ -274,7 +277,9 @@ class Projection:
             unknown = set(names) - {f.name for f in dataclasses.fields(cls)}
             if unknown:
                 raise ValueError(f"projection of {cls.__name__} names fields it lacks: {sorted(unknown)}")
-        self._readers: dict[bytes, tuple[Any, str]] = {}  # writer fingerprint -> (generated reader, its version)
+        self._readers: dict[
+            bytes, tuple[Callable[[bytes], Record], str]
+        ] = {}  # writer fingerprint -> (generated reader, its version)
         self._served: set[type] = set()
         for fp, cls, writer, current in codec.writer_versions():
             if cls not in fields:
@@ -284,10 +289,13 @@ class Projection:
             except _Unsupported:
                 continue  # this writer version is decoded in full
             namespace: dict[str, Any] = {
-                "_read_long": _read_long, "_frombuffer": np.frombuffer,
-                "_f4": struct.Struct("<f").unpack_from, "_f8": struct.Struct("<d").unpack_from,
+                "_read_long": _read_long,
+                "_frombuffer": np.frombuffer,
+                "_f4": struct.Struct("<f").unpack_from,
+                "_f8": struct.Struct("<d").unpack_from,
                 **{f"_decode_{c.__name__}": d for c, d in _DECODERS.items()},
-                **{f"_{c.__name__}": c for c in _DECODERS}, "_new": object.__new__,
+                **{f"_{c.__name__}": c for c in _DECODERS},
+                "_new": object.__new__,
             }
             exec(source, namespace)  # noqa: S102 - source built above from our own schemas' field names
             self._readers[fp] = namespace["_project"], f"{writer.record} v{writer.version}"
@@ -310,4 +318,3 @@ class Projection:
             return reader(data)
         except (IndexError, ValueError, UnicodeDecodeError) as exc:  # as the full decode words it
             raise CorruptRecordError(location, f"Avro body of {version} unreadable: {exc!r}") from exc
-

@@ -7,7 +7,9 @@ that snapshot alone: its result is in it, and reading from its old cursor
 would read everything its partition-mates wrote since. The cost grows with the
 number of rollouts in the snapshot stream and the unfinished ones' tails, never
 with the whole history. Folding those events into a running
-rollout is the participants' job (they know what the state means).
+rollout is the participants' job (they know what the state means), and so is
+deciding that a snapshot cannot be trusted after all: :func:`reload_rollout`
+and :func:`history_from_first_event` are the means that decision uses.
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 
-from .errors import RecordLocation, SnapshotsLostError
-from .events import WorkloadRegistered
-from .journal import Cursor, Journal, JournaledEvent, ReadReport
-from .snapshots import RUNNING, Fence, LoadedSnapshot, load_snapshots
+from rollout_journal.journal.errors import RecordLocation, SnapshotsLostError
+from rollout_journal.journal.events import WorkloadRegistered
+from rollout_journal.journal.journal import Cursor, Journal, JournaledEvent, ReadReport
+from rollout_journal.journal.snapshots import RUNNING, Fence, LoadedSnapshot, load_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -45,8 +47,13 @@ class RestorePlan:
     acknowledged: dict[str, Fence] = field(default_factory=dict)  # the trainer took these: nothing to restore
 
 
-def load_rollouts(journal: Journal, report: ReadReport | None = None, *,
-                  partitions: Collection[int] | None = None, only: Collection[str] | None = None) -> RestorePlan:
+def load_rollouts(
+    journal: Journal,
+    report: ReadReport | None = None,
+    *,
+    partitions: Collection[int] | None = None,
+    only: Collection[str] | None = None,
+) -> RestorePlan:
     """Every rollout still in the snapshot stream (on ``partitions`` only, if given: what a fleet's
     worker owns; of the rollouts ``only`` names, if given: the workloads it knows), with the events
     since its snapshot. The journal's writer learns each loaded rollout's fence and snapshot slots."""
@@ -75,8 +82,9 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None, *,
     for rollout_id in _rollouts_only_the_log_names(journal, set(histories) | set(acknowledged), partitions):
         if only is not None and rollout_id not in only:
             continue
-        log.warning("rollout %s is missing from the damaged snapshot stream; replaying it from its first event",
-                    rollout_id)
+        log.warning(
+            "rollout %s is missing from the damaged snapshot stream; replaying it from its first event", rollout_id
+        )
         histories[rollout_id] = RolloutHistory(rollout_id, None)
         cursors[rollout_id] = Cursor()
     replayed = 0
@@ -86,8 +94,9 @@ def load_rollouts(journal: Journal, report: ReadReport | None = None, *,
     return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed, acknowledged)
 
 
-def reload_rollout(journal: Journal, rollout_id: str, exclude: Collection[RecordLocation],
-                   report: ReadReport | None = None) -> RolloutHistory:
+def reload_rollout(
+    journal: Journal, rollout_id: str, exclude: Collection[RecordLocation], report: ReadReport | None = None
+) -> RolloutHistory:
     """One rollout's history as :func:`load_rollouts` finds it, with the snapshots at ``exclude``
     left out: restore found them unusable (their state does not import), so it falls back to
     the previous snapshot the stream keeps, or to a replay from the rollout's first event."""
@@ -99,8 +108,9 @@ def reload_rollout(journal: Journal, rollout_id: str, exclude: Collection[Record
     return history
 
 
-def history_from_first_event(journal: Journal, history: RolloutHistory,
-                             report: ReadReport | None = None) -> RolloutHistory:
+def history_from_first_event(
+    journal: Journal, history: RolloutHistory, report: ReadReport | None = None
+) -> RolloutHistory:
     """``history`` without its snapshot: every event of the rollout from its first, fenced (a
     snapshot written by an older version lacks what the rollout's next turns need)."""
     cursor = Cursor()

@@ -10,22 +10,22 @@ frames under a commit marker.
 Positions are per partition "the next offset to read" (the offset after a record
 read: Kafka offsets are not contiguous, and a file journal's offset may point
 inside a frame, where reading starts at the next one). What a trainer checkpoints
-is built on these by :class:`participants.trainer.TrainerFeed`.
+is built on these by :class:`rollout_journal.participants.trainer.TrainerFeed`.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from .backend import Backend, StoredRecord
-from .codec import Codec
-from .errors import CorruptRecordError, JournalError, RecordLocation
-from .event_chunks import ChunkJoiner
-from .events import EventChunk, TrainingRecord
+from rollout_journal.journal.backend import Backend, StoredRecord
+from rollout_journal.journal.codec import Codec
+from rollout_journal.journal.deadlines import Deadline
+from rollout_journal.journal.errors import CorruptRecordError, JournalError, RecordLocation
+from rollout_journal.journal.event_chunks import ChunkJoiner
+from rollout_journal.journal.events import EventChunk, TrainingRecord
 
 log = logging.getLogger(__name__)
 
@@ -39,8 +39,7 @@ class ResultsFollower(Protocol):
         """The records committed since the last poll (waits up to ``timeout_s`` for the first)."""
         ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -63,16 +62,16 @@ class PollingResultsFollower:
         self.interval_s = interval_s
 
     def poll(self, timeout_s: float) -> list[StoredRecord]:
-        deadline = time.monotonic() + timeout_s
+        deadline = Deadline(timeout_s)
         while True:
             records: list[StoredRecord] = []
             for partition, offset in self.offsets.items():
                 for record in self.backend.read_results(partition, offset):
                     records.append(record)
                     self.offsets[partition] = record.location.offset + 1
-            if records or time.monotonic() >= deadline:
+            if records or deadline.passed():
                 return records
-            time.sleep(min(self.interval_s, max(0.0, deadline - time.monotonic())))
+            deadline.sleep(self.interval_s)
 
     def close(self) -> None:
         pass
@@ -81,7 +80,7 @@ class PollingResultsFollower:
 def follow_results(backend: Backend, offsets: Mapping[int, int] | None = None) -> ResultsFollower:
     """A follower of ``backend``'s results from ``offsets`` (per partition; missing: its start).
     Kafka gets a streaming ``read_committed`` consumer of its own, any other backend polls."""
-    follow = getattr(backend, "follow_results", None)
+    follow: Callable[[dict[int, int]], ResultsFollower] | None = getattr(backend, "follow_results", None)
     if follow is not None:
         return follow(dict(offsets or {}))
     return PollingResultsFollower(backend, offsets or {})
@@ -122,8 +121,11 @@ class ResultsDecoder:
                 first = joined.location
                 record = self.codec.decode(joined.encoded, first)
             if not isinstance(record, TrainingRecord):
-                raise CorruptRecordError(where, f"holds a {type(record).__name__}, not a TrainingRecord: the results "
-                                                "stream takes training records only")
+                raise CorruptRecordError(
+                    where,
+                    f"holds a {type(record).__name__}, not a TrainingRecord: the results "
+                    "stream takes training records only",
+                )
             return PublishedResult(record, first, where.offset + 1)
         except JournalError as exc:
             log.warning("%s", exc)

@@ -31,10 +31,10 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import cast
 
-from .backend import OutRecord, StoredRecord, Stream, compacted
-from .codec import Codec
-from .errors import CorruptRecordError, JournalError, RecordLocation
-from .events import (
+from rollout_journal.journal.backend import OutRecord, StoredRecord, Stream, compacted
+from rollout_journal.journal.codec import Codec
+from rollout_journal.journal.errors import CorruptRecordError, JournalError, RecordLocation
+from rollout_journal.journal.events import (
     AttemptStarted,
     BlobChunk,
     BlobRef,
@@ -171,15 +171,17 @@ def snapshot_records(
         inline = b""
         if digest not in stored_blobs:
             for i in range(count):
-                chunk = BlobChunk(digest, i, count, draft.state[i * inline_limit:(i + 1) * inline_limit])
-                records.append(OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, digest, i),
-                                         codec.encode(chunk), rollout_id))
+                chunk = BlobChunk(digest, i, count, draft.state[i * inline_limit : (i + 1) * inline_limit])
+                records.append(
+                    OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, digest, i), codec.encode(chunk), rollout_id)
+                )
     blobs = list(slots.blobs)
     overwritten, blobs[slot] = blobs[slot], blob
     if overwritten is not None and overwritten.sha256 not in {b.sha256 for b in blobs if b is not None}:
         records.extend(blob_tombstones(rollout_id, overwritten))
-    snapshot = Snapshot(draft.header, draft.status, draft.covers_seq, replay_partition, replay_offset,
-                        inline, digest, blob)
+    snapshot = Snapshot(
+        draft.header, draft.status, draft.covers_seq, replay_partition, replay_offset, inline, digest, blob
+    )
     records.append(OutRecord(Stream.SNAPSHOTS, snapshot_key(rollout_id, slot), codec.encode(snapshot), rollout_id))
     return records, SnapshotSlots(slot, tuple(blobs))
 
@@ -200,8 +202,10 @@ def fence_record(codec: Codec, history: FenceHistory) -> OutRecord:
 
 
 def blob_tombstones(rollout_id: str, blob: BlobRef) -> list[OutRecord]:
-    return [OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, blob.sha256, i), None, rollout_id)
-            for i in range(blob.chunks)]
+    return [
+        OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, blob.sha256, i), None, rollout_id)
+        for i in range(blob.chunks)
+    ]
 
 
 def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) -> SnapshotIndex:
@@ -217,7 +221,7 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             elif key.endswith(WORKLOAD_SUFFIX):
                 index.workloads[key[: -len(WORKLOAD_SUFFIX)]] = _workload(codec, records[-1])
             elif key.startswith(LEGACY_WORKLOAD_PREFIX):
-                index.workloads[key[len(LEGACY_WORKLOAD_PREFIX):]] = _legacy_workload(codec, records[-1])
+                index.workloads[key[len(LEGACY_WORKLOAD_PREFIX) :]] = _legacy_workload(codec, records[-1])
         except JournalError as exc:
             index.errors.append(exc)
     candidates: dict[str, list[tuple[int, StoredRecord]]] = {}
@@ -228,10 +232,14 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
     for rollout_id, found in candidates.items():
         fence = index.fences.get(rollout_id)
         if fence is not None and fence.acknowledged:  # its snapshots were tombstoned: these came later
-            index.errors.extend(CorruptRecordError(
-                record.location, f"snapshot of rollout {rollout_id} was written after the rollout was acknowledged "
-                                 f"at epoch {fence.acknowledged_epoch}: a zombie attempt's; ignored")
-                for _, record in found)
+            index.errors.extend(
+                CorruptRecordError(
+                    record.location,
+                    f"snapshot of rollout {rollout_id} was written after the rollout was acknowledged "
+                    f"at epoch {fence.acknowledged_epoch}: a zombie attempt's; ignored",
+                )
+                for _, record in found
+            )
             continue
         index.snapshots[rollout_id] = None
         blobs: list[BlobRef | None] = [None] * SLOTS
@@ -257,11 +265,18 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             except JournalError as exc:
                 index.errors.append(exc)
                 continue
-            if fence is not None and loaded.snapshot.header.epoch < fence.epoch \
-                    and record.location.offset > fence.location.offset:
-                index.errors.append(CorruptRecordError(
-                    record.location, f"snapshot of rollout {rollout_id} from epoch {loaded.snapshot.header.epoch} "
-                                     f"was written after the fence of epoch {fence.epoch}: a zombie attempt's; ignored"))
+            if (
+                fence is not None
+                and loaded.snapshot.header.epoch < fence.epoch
+                and record.location.offset > fence.location.offset
+            ):
+                index.errors.append(
+                    CorruptRecordError(
+                        record.location,
+                        f"snapshot of rollout {rollout_id} from epoch {loaded.snapshot.header.epoch} "
+                        f"was written after the fence of epoch {fence.epoch}: a zombie attempt's; ignored",
+                    )
+                )
                 continue
             index.snapshots[rollout_id] = loaded
             # Keep the slot holding it; if it is an older value of its key (whose newest is bad), compaction will
@@ -282,15 +297,16 @@ def _fence(codec: Codec, record: StoredRecord) -> Fence:
     value = _decode(codec, record)
     if isinstance(value, AttemptStarted):  # written before 0.3: the newest attempt only
         h = value.header
-        return Fence(h.epoch, h.attempt, h.seq, record.location, (FenceEntry(h.attempt, h.epoch, h.seq, h.writer, h.ts_ms),))
+        return Fence(h.epoch, h.attempt, h.seq, record.location, (FenceEntry.of(h),))
     if not isinstance(value, FenceHistory):
         raise CorruptRecordError(record.location, f"fence of {record.key} holds a {type(value).__name__}")
     if not value.attempts:  # acknowledged by a writer that knew no attempt of it
         epoch = value.acknowledged_epoch or 0
         return Fence(epoch, 0, 0, record.location, (), value.acknowledged_epoch)
     newest = max(value.attempts, key=lambda entry: entry.epoch)
-    return Fence(newest.epoch, newest.attempt, newest.seq, record.location, tuple(value.attempts),
-                 value.acknowledged_epoch)
+    return Fence(
+        newest.epoch, newest.attempt, newest.seq, record.location, tuple(value.attempts), value.acknowledged_epoch
+    )
 
 
 def _workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
@@ -309,23 +325,31 @@ def _legacy_workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
             raise TypeError(type(marker).__name__)
         ids = json.loads(marker.state)["rollouts"]
     except (TypeError, ValueError, KeyError) as exc:
-        raise CorruptRecordError(record.location, f"0.1.0 workload registration {record.key} is unreadable: {exc!r}") from exc
+        raise CorruptRecordError(
+            record.location, f"0.1.0 workload registration {record.key} is unreadable: {exc!r}"
+        ) from exc
     h = marker.header
-    return WorkloadRegistered(record.key[len(LEGACY_WORKLOAD_PREFIX):], "{}", list(ids), "", h.ts_ms, h.writer)
+    return WorkloadRegistered(record.key[len(LEGACY_WORKLOAD_PREFIX) :], "{}", list(ids), "", h.ts_ms, h.writer)
 
 
-def _verified(codec: Codec, rollout_id: str, record: StoredRecord, snapshot: object,
-              chunks: dict[str, StoredRecord]) -> LoadedSnapshot:
+def _verified(
+    codec: Codec, rollout_id: str, record: StoredRecord, snapshot: object, chunks: dict[str, StoredRecord]
+) -> LoadedSnapshot:
     if not isinstance(snapshot, Snapshot):
         raise CorruptRecordError(record.location, f"expected a Snapshot, found {type(snapshot).__name__}")
-    state = snapshot.state if snapshot.blob is None else b"".join(_blob_parts(codec, rollout_id, record, snapshot.blob, chunks))
+    state = (
+        snapshot.state
+        if snapshot.blob is None
+        else b"".join(_blob_parts(codec, rollout_id, record, snapshot.blob, chunks))
+    )
     if hashlib.sha256(state).hexdigest() != snapshot.state_sha256:
         raise CorruptRecordError(record.location, f"snapshot of rollout {rollout_id} fails its SHA-256 check")
     return LoadedSnapshot(snapshot, state, record.location)
 
 
-def _blob_parts(codec: Codec, rollout_id: str, record: StoredRecord, blob: BlobRef,
-                chunks: dict[str, StoredRecord]) -> Iterator[bytes]:
+def _blob_parts(
+    codec: Codec, rollout_id: str, record: StoredRecord, blob: BlobRef, chunks: dict[str, StoredRecord]
+) -> Iterator[bytes]:
     for i in range(blob.chunks):
         stored = chunks.get(blob_chunk_key(rollout_id, blob.sha256, i))
         if stored is None:

@@ -1,4 +1,5 @@
-"""The Kafka backend's topics (events, snapshots, results): created with the right configs, checked at every open.
+"""The Kafka backend's topics (events, snapshots, results, acks, workloads): created with the right configs,
+checked at every open.
 
 Durability settings are the cluster's unless the settings ask: a topic is
 created with the broker's ``default.replication.factor`` (``replication_factor``
@@ -11,8 +12,8 @@ refusing with the exact setting where a commit could not work or would be
 weaker than asked, warning where it is merely weak:
 
 - refused: a missing topic (unless it may be created), a partition count other
-  than ``partitions``, a ``cleanup.policy`` other than ``delete`` (events) /
-  ``compact`` (snapshots), ``min.insync.replicas`` above the replication factor
+  than ``partitions`` (the workloads topic: 1), a ``cleanup.policy`` other than ``delete``
+  (events) / ``compact`` (snapshots, workloads), ``min.insync.replicas`` above the replication factor
   (every ``acks=all`` write would fail), fewer replicas than ``replication_factor``
   asks;
 - warned: replication factor 1 on a cluster of several brokers, and
@@ -36,9 +37,10 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from .errors import ClusterUnreachableError, ConfigurationError, JournalError
-from .kafka_access import CLUSTER, CLUSTER_TYPE, TOPIC, not_authorized, refusal
-from .kafka_config import KafkaSettings
+from rollout_journal.journal.errors import ClusterUnreachableError, ConfigurationError, JournalError
+from rollout_journal.journal.kafka.access import CLUSTER, CLUSTER_TYPE, TOPIC, not_authorized, refusal
+from rollout_journal.journal.kafka.config import KafkaSettings
+from rollout_journal.journal.kafka.retry import Action, Role, classify
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +48,26 @@ BROKER_DEFAULT = -1  # NewTopic's replication factor: the broker's default.repli
 MIN_ISR = "min.insync.replicas"
 CLIENT_MESSAGE_MAX_BYTES = 1_000_000  # librdkafka's default message.max.bytes
 RECORD_FRAMING_BYTES = 8192  # room for the key, the record and batch framing, and compression's worst case
-_UNREACHABLE_CODES = frozenset({
-    KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError.REQUEST_TIMED_OUT,
-})
-_CONFIG_ERROR_CODES = frozenset({
-    KafkaError.INVALID_REPLICATION_FACTOR, KafkaError.INVALID_PARTITIONS, KafkaError.INVALID_CONFIG,
-    KafkaError.POLICY_VIOLATION, KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-    KafkaError.TOPIC_EXCEPTION, KafkaError.INVALID_REQUEST,
-})
+_UNREACHABLE_CODES = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
+_CONFIG_ERROR_CODES = frozenset(
+    {
+        KafkaError.INVALID_REPLICATION_FACTOR,
+        KafkaError.INVALID_PARTITIONS,
+        KafkaError.INVALID_CONFIG,
+        KafkaError.POLICY_VIOLATION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError.TOPIC_EXCEPTION,
+        KafkaError.INVALID_REQUEST,
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -76,8 +90,14 @@ class TopicState:
         return None if value is None else int(value)
 
 
+def topic_partitions(settings: KafkaSettings, topic: str) -> int:
+    """How many partitions ``topic`` has: the namespace's count, but one for the workloads topic
+    (a worker follows it with one fetch stream, whatever the partition count)."""
+    return 1 if topic == settings.workloads_topic else settings.partitions
+
+
 def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
-    """The configs the three topics are created with (durability settings come from the cluster).
+    """The configs the topics are created with (durability settings come from the cluster).
     The results topic keeps what the events topic keeps: a trainer may start late."""
     s = settings
     return {
@@ -89,6 +109,10 @@ def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
             "cleanup.policy": "delete",
             "retention.ms": str(s.events_retention_ms),
         },
+        s.acks_topic: {  # applied by the owners; kept as long as the events, like the results they answer
+            "cleanup.policy": "delete",
+            "retention.ms": str(s.events_retention_ms),
+        },
         s.snapshots_topic: {
             "cleanup.policy": "compact",
             "min.cleanable.dirty.ratio": str(s.snapshot_min_cleanable_dirty_ratio),
@@ -96,6 +120,9 @@ def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
             "segment.bytes": str(s.snapshot_segment_bytes),
             "delete.retention.ms": str(s.snapshot_delete_retention_ms),
             "min.compaction.lag.ms": str(s.snapshot_min_compaction_lag_ms),
+        },
+        s.workloads_topic: {  # a few records, the newest registration per workload
+            "cleanup.policy": "compact",
         },
     }
 
@@ -106,10 +133,20 @@ def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool)
     wanted = topic_configs(settings)
     if create:
         _create(admin, settings, wanted, timeout_s)
-    elif not topic_listed(admin, settings.results_topic, timeout_s, unsure=True):  # the describe below says why
-        # A namespace written before results were published: its readers open it as it is.
-        log.info("topic %s does not exist: this namespace publishes no results", settings.results_topic)
-        del wanted[settings.results_topic]
+    else:
+        if not topic_listed(admin, settings.results_topic, timeout_s, unsure=True):  # the describe below says why
+            # A namespace written before results were published: its readers open it as it is.
+            log.info("topic %s does not exist: this namespace publishes no results", settings.results_topic)
+            del wanted[settings.results_topic]
+        if not topic_listed(admin, settings.acks_topic, timeout_s, unsure=True):
+            # Written before acknowledgements had a topic of their own: its readers open it as it is.
+            del wanted[settings.acks_topic]
+        if not topic_listed(admin, settings.workloads_topic, timeout_s, unsure=True):
+            # Written before registrations had a topic of their own: they are on the snapshot topic.
+            log.info(
+                "topic %s does not exist: workload registrations are read from the snapshots", settings.workloads_topic
+            )
+            del wanted[settings.workloads_topic]
     brokers, states = _describe(admin, settings, wanted, timeout_s, just_created=create)
     for topic, state in states.items():
         states[topic] = _check(admin, settings, wanted[topic], state, brokers, timeout_s)
@@ -129,12 +166,16 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
     s = settings
     replication = BROKER_DEFAULT if s.replication_factor is None else s.replication_factor
     asked = "the broker's default" if s.replication_factor is None else str(s.replication_factor)
-    new = [NewTopic(topic, num_partitions=s.partitions, replication_factor=replication, config=cfg)
-           for topic, cfg in wanted.items()]
+    new = [
+        NewTopic(topic, num_partitions=topic_partitions(s, topic), replication_factor=replication, config=cfg)
+        for topic, cfg in wanted.items()
+    ]
     for topic, future in admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s).items():
         try:
             future.result()
-            log.info("created topic %s (%d partitions, replication factor %s)", topic, s.partitions, asked)
+            log.info(
+                "created topic %s (%d partitions, replication factor %s)", topic, topic_partitions(s, topic), asked
+            )
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             if err is not None and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
@@ -150,10 +191,11 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
             if err is not None and err.code() in _UNREACHABLE_CODES:
                 raise ClusterUnreachableError(
                     f"cannot reach the Kafka cluster at {s.bootstrap_servers}: creating topic {topic} got no answer "
-                    f"within {timeout_s:g} s ({detail}); is it running, and is the address right?") from exc
+                    f"within {timeout_s:g} s ({detail}); is it running, and is the address right?"
+                ) from exc
             cls = ConfigurationError if err is None or err.code() in _CONFIG_ERROR_CODES else JournalError
             raise cls(
-                f"cannot create topic {topic} ({s.partitions} partitions, replication factor {asked}) "
+                f"cannot create topic {topic} ({topic_partitions(s, topic)} partitions, replication factor {asked}) "
                 f"on {s.bootstrap_servers}: {detail}"
             ) from exc
 
@@ -172,8 +214,12 @@ def topic_listed(admin: AdminClient, topic: str, timeout_s: float, *, unsure: bo
 
 
 def _describe(
-    admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[str, str]], timeout_s: float,
-    *, just_created: bool,
+    admin: AdminClient,
+    settings: KafkaSettings,
+    wanted: dict[str, dict[str, str]],
+    timeout_s: float,
+    *,
+    just_created: bool,
 ) -> tuple[int, dict[str, TopicState]]:
     """(brokers in the cluster, each topic's partitions, replicas and effective configs)."""
     deadline = time.monotonic() + timeout_s
@@ -189,12 +235,23 @@ def _describe(
                     raise ClusterUnreachableError(
                         f"cannot reach the Kafka cluster at {settings.bootstrap_servers}: reading the metadata of "
                         f"topic {topic} got no answer within {timeout_s:g} s ({err.name()}); is it running, and is "
-                        "the address right?") from exc
-                raise JournalError(f"cannot read metadata of topic {topic} from {settings.bootstrap_servers}: {exc}") from exc
+                        "the address right?"
+                    ) from exc
+                if classify(err, Role.ADMIN) is Action.RETRY and time.monotonic() < deadline:
+                    time.sleep(0.1)  # a broker gone or a leader moving while the worker opens
+                    continue
+                raise JournalError(
+                    f"cannot read metadata of topic {topic} from {settings.bootstrap_servers}: {exc}"
+                ) from exc
             meta = metadata.topics.get(topic)
             brokers = len(metadata.brokers)
             missing = meta is None or (meta.error is not None and meta.error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
-            ready = meta is not None and not missing and meta.error is None and all(p.leader >= 0 for p in meta.partitions.values())
+            ready = (
+                meta is not None
+                and not missing
+                and meta.error is None
+                and all(p.leader >= 0 for p in meta.partitions.values())
+            )
             if ready or (missing and not just_created) or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
@@ -216,8 +273,11 @@ def _describe(
         except KafkaException as exc:  # no DESCRIBE_CONFIGS right: the config checks cannot run
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             denied = refusal(settings, err, {TOPIC: ("DESCRIBE_CONFIGS", topic)})
-            log.warning("cannot describe configs of topic %s (%s); its cleanup policy and min.insync.replicas "
-                        "go unchecked", topic, denied or exc)
+            log.warning(
+                "cannot describe configs of topic %s (%s); its cleanup policy and min.insync.replicas go unchecked",
+                topic,
+                denied or exc,
+            )
             configs = {}
         states[topic] = TopicState(topic, *layout[topic], configs)
     return brokers, states
@@ -234,18 +294,27 @@ def _configs(admin: AdminClient, topic: str, timeout_s: float) -> dict[str, str]
             return {name: entry.value for name, entry in entries.items() if entry.value is not None}
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            transient = err is not None and (err.retriable() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
-            if not transient or time.monotonic() > deadline:
+            if classify(err, Role.ADMIN) is not Action.RETRY or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
 
 
 def _check(
-    admin: AdminClient, settings: KafkaSettings, wanted: dict[str, str], state: TopicState, brokers: int,
+    admin: AdminClient,
+    settings: KafkaSettings,
+    wanted: dict[str, str],
+    state: TopicState,
+    brokers: int,
     timeout_s: float,
 ) -> TopicState:
     topic, s = state.name, settings
-    if state.partitions != s.partitions:
+    if topic == s.workloads_topic and state.partitions != 1:
+        raise ConfigurationError(
+            f"topic {topic} has {state.partitions} partitions; it must have 1 (workers follow every "
+            "registration on partition 0): delete it; the next submit creates it again and copies every "
+            "registration from the snapshot topic, which keeps them too"
+        )
+    if topic != s.workloads_topic and state.partitions != s.partitions:
         raise ConfigurationError(
             f"topic {topic} has {state.partitions} partitions but settings.partitions is {s.partitions}; "
             "records are placed by partition_for(key, partitions), so they must match"
@@ -254,7 +323,7 @@ def _check(
     if policy is not None and set(policy.split(",")) != {expected}:
         raise ConfigurationError(
             f"topic {topic} has cleanup.policy={policy}, expected {expected} "
-            "(events must never be compacted, snapshots must be compacted and never expire)"
+            "(events must never be compacted, snapshots and workloads must be compacted and never expire)"
         )
     if s.replication_factor is not None and state.replicas < s.replication_factor:
         raise ConfigurationError(
@@ -269,11 +338,21 @@ def _check(
             f"commit would fail with NOT_ENOUGH_REPLICAS; set {MIN_ISR} of the topic to at most {state.replicas}"
         )
     if state.replicas == 1 and brokers > 1:
-        log.warning("topic %s has replication factor 1 on a cluster of %d brokers: losing one broker loses "
-                    "journal records; ask for replication_factor=3", topic, brokers)
+        log.warning(
+            "topic %s has replication factor 1 on a cluster of %d brokers: losing one broker loses "
+            "journal records; ask for replication_factor=3",
+            topic,
+            brokers,
+        )
     elif min_isr == 1 and state.replicas > 1:
-        log.warning("topic %s has %s=1 (replication factor %d): a commit is acknowledged once one broker has it; "
-                    "set %s=2 on the topic, or ask for min_insync_replicas=2", topic, MIN_ISR, state.replicas, MIN_ISR)
+        log.warning(
+            "topic %s has %s=1 (replication factor %d): a commit is acknowledged once one broker has it; "
+            "set %s=2 on the topic, or ask for min_insync_replicas=2",
+            topic,
+            MIN_ISR,
+            state.replicas,
+            MIN_ISR,
+        )
     return state
 
 
@@ -283,29 +362,42 @@ def _raise_min_isr(admin: AdminClient, settings: KafkaSettings, state: TopicStat
     if asked is None or current is None or asked == current:
         return state
     if asked < current:
-        log.warning("topic %s keeps %s=%d although min_insync_replicas=%d is asked: rollout-journal never lowers "
-                    "it below the cluster's", state.name, MIN_ISR, current, asked)
+        log.warning(
+            "topic %s keeps %s=%d although min_insync_replicas=%d is asked: rollout-journal never lowers "
+            "it below the cluster's",
+            state.name,
+            MIN_ISR,
+            current,
+            asked,
+        )
         return state
     if asked > state.replicas:
         raise ConfigurationError(
             f"min_insync_replicas={asked} is asked but topic {state.name} has replication factor {state.replicas}: "
             "every acks=all commit would fail"
         )
-    resource = ConfigResource(ResourceType.TOPIC, state.name, incremental_configs=[
-        ConfigEntry(MIN_ISR, str(asked), incremental_operation=AlterConfigOpType.SET)])
+    resource = ConfigResource(
+        ResourceType.TOPIC,
+        state.name,
+        incremental_configs=[ConfigEntry(MIN_ISR, str(asked), incremental_operation=AlterConfigOpType.SET)],
+    )
     try:
         admin.incremental_alter_configs([resource], request_timeout=timeout_s)[resource].result()
     except KafkaException as exc:
         err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
         if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
             raise not_authorized(settings, "ALTER_CONFIGS", TOPIC, state.name) from None
-        raise ConfigurationError(f"cannot raise {MIN_ISR} of topic {state.name} from {current} to the asked "
-                                 f"{asked}: {exc}; raise it on the topic yourself") from exc
+        raise ConfigurationError(
+            f"cannot raise {MIN_ISR} of topic {state.name} from {current} to the asked "
+            f"{asked}: {exc}; raise it on the topic yourself"
+        ) from exc
     deadline = time.monotonic() + timeout_s
     while _configs(admin, state.name, timeout_s).get(MIN_ISR) != str(asked):  # in effect on every broker we ask
         if time.monotonic() > deadline:
-            raise ConfigurationError(f"{MIN_ISR} of topic {state.name} was set to {asked} but the cluster still "
-                                     f"reports another value after {timeout_s:.0f} s")
+            raise ConfigurationError(
+                f"{MIN_ISR} of topic {state.name} was set to {asked} but the cluster still "
+                f"reports another value after {timeout_s:.0f} s"
+            )
         time.sleep(0.1)
     log.info("raised %s of topic %s from %d to the asked %d", MIN_ISR, state.name, current, asked)
     return TopicState(state.name, state.partitions, state.replicas, {**state.configs, MIN_ISR: str(asked)})

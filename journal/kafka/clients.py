@@ -1,25 +1,27 @@
 """librdkafka clients as the Kafka backend's roles use them: shared configuration, the
 error helpers that classify what a client raised, and creating and closing clients.
 
-The roles themselves live in :mod:`journal.kafka_topics` (topic administration),
-:mod:`journal.kafka_writer` (the transactional writer) and :mod:`journal.kafka_readers`
-(the pool of read_committed readers); :mod:`journal.kafka_backend` composes them.
+The roles themselves live in :mod:`rollout_journal.journal.kafka.topics` (topic administration),
+:mod:`rollout_journal.journal.kafka.writer` (the transactional writer) and :mod:`rollout_journal.journal.kafka.readers`
+(the pool of read_committed readers); :mod:`rollout_journal.journal.kafka.backend` composes them.
 librdkafka logs go to the ``journal.kafka.librdkafka`` logger.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import KafkaError, KafkaException
 
-from .errors import ConfigurationError
-from .kafka_config import KafkaSettings, redact_config
+from rollout_journal.journal.errors import ConfigurationError
+from rollout_journal.journal.kafka.config import KafkaSettings, redact_config
 
 log = logging.getLogger(__name__)
-client_log = logging.getLogger("journal.kafka.librdkafka")
+client_log = logging.getLogger("rollout_journal.journal.kafka.librdkafka")
 
 
 class _DemotedToInfo(logging.Filter):
@@ -42,12 +44,30 @@ class _DemotedToInfo(logging.Filter):
 # A fenced producer ("fenced by a newer instance", "operation with an old epoch"): another process
 # took over the slot, raised once as ``ProducerFencedError``. A broker it cannot connect to: retried,
 # and where it costs an operation, that operation's error names the cluster (``ClusterUnreachableError``).
-client_log.addFilter(_DemotedToInfo(("fenced by a newer instance", "operation with an old epoch", "Connect to ",
-                                     "Connection refused", "brokers are down", "Disconnected")))
+client_log.addFilter(
+    _DemotedToInfo(
+        (
+            "fenced by a newer instance",
+            "operation with an old epoch",
+            "Static consumer fenced",
+            # a transaction a rebalance or a timeout ended: the writer aborts or re-creates it and says so
+            "Failed to commit offsets to transaction",
+            "Failed to add offsets to transaction",
+            "Current transaction failed",
+            "Connect to ",
+            "Connection refused",
+            "brokers are down",
+            "Disconnected",
+        )
+    )
+)
 # A refused login or operation, logged once per retry: raised once as ``AuthenticationFailedError`` or
-# ``NotAuthorizedError`` naming the resource (:mod:`journal.kafka_access`).
-client_log.addFilter(_DemotedToInfo(("authorization failed", "Authorization failed", "SASL authentication error",
-                                     "Authentication failed")))
+# ``NotAuthorizedError`` naming the resource (:mod:`rollout_journal.journal.kafka.access`).
+client_log.addFilter(
+    _DemotedToInfo(
+        ("authorization failed", "Authorization failed", "SASL authentication error", "Authentication failed")
+    )
+)
 # What librdkafka says it is retrying ("Coordinator load in progress: retrying" while a broker loads
 # its transaction log): it either succeeds, or the operation fails and its error says why.
 client_log.addFilter(_DemotedToInfo((": retrying",)))
@@ -58,10 +78,37 @@ AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AU
 
 # Leadership not settled yet (just after topic creation, or while a leader moves):
 # librdkafka does not flag these retriable on offset queries, but they are.
-TRANSIENT_METADATA_CODES = frozenset({
-    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError._TRANSPORT, KafkaError._TIMED_OUT, KafkaError.REQUEST_TIMED_OUT, KafkaError._UNKNOWN_PARTITION,
-})
+TRANSIENT_METADATA_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError._UNKNOWN_PARTITION,
+    }
+)
+
+
+# The client's metadata lacks the partition (or topic). librdkafka refreshes a known topic's metadata
+# only every ``topic.metadata.refresh.interval.ms`` (5 min), and neither an offset query nor a produce
+# asks for it: after a broker loss a worker's queries failed so for minutes on a whole cluster.
+STALE_METADATA_CODES = frozenset(
+    {KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+
+
+def refresh_if_stale(client: Any, err: KafkaError | None, topic: str, timeout_s: float) -> None:
+    """After ``err``, ask the cluster for ``topic``'s metadata now if the client's copy may lack it:
+    the answer replaces the cached one. Best effort: a failure leaves the cache as it was, and the
+    caller's retry goes on."""
+    if err is None or err.code() not in STALE_METADATA_CODES:
+        return
+    try:
+        client.list_topics(topic, timeout=timeout_s)
+    except KafkaException:
+        pass
 
 
 def kafka_error(exc: BaseException) -> KafkaError | None:
@@ -109,7 +156,7 @@ class ClientErrors:
 
     librdkafka reports a refused login here only, while the call that needs the connection
     waits out its whole timeout; remembering it lets
-    :func:`journal.kafka_access.wait_until_authenticated` end at once."""
+    :func:`rollout_journal.journal.kafka.access.wait_until_authenticated` end at once."""
 
     def __init__(self, settings: KafkaSettings) -> None:
         self.bootstrap_servers = settings.bootstrap_servers
@@ -136,7 +183,10 @@ def admin_config(settings: KafkaSettings, who: str, errors: ClientErrors | None 
     return cfg
 
 
-def new_client(cls: Callable[[dict[str, Any]], Any], config: dict[str, Any], role: str) -> Any:
+Client = TypeVar("Client")
+
+
+def new_client(cls: Callable[[dict[str, Any]], Client], config: dict[str, Any], role: str) -> Client:
     """A librdkafka client; a config it refuses becomes a ConfigurationError (secrets redacted)."""
     try:
         return cls(config)
@@ -146,11 +196,46 @@ def new_client(cls: Callable[[dict[str, Any]], Any], config: dict[str, Any], rol
         ) from None
 
 
-def close_client(client: Any) -> None:
+CLOSE_BOUND_S = 10.0
+
+
+def close_client(client: Any, *, discard: bool = False, bound_s: float = CLOSE_BOUND_S) -> None:
+    """Close a client, waiting ``bound_s`` at most. A producer's ``close()`` aborts its open
+    transaction and flushes, both without a timeout of their own (confluent-kafka 2.16): with the
+    transaction coordinator away, or records that cannot be delivered, it would hold the caller (a
+    committer re-creating its producer, under its transaction lock) for ever, and a worker went
+    silent so. Past the bound the close goes on in the background, and a warning says so.
+
+    ``discard``: the producer's queued records are not wanted (its transaction is being redone by a
+    new producer): purged first, so the close has nothing to flush. Warnings the close raises (a
+    fenced producer cannot abort) are logged at debug level: the failure was reported already."""
     close = getattr(client, "close", None)  # Producer.close arrived in confluent-kafka 2.x
     if close is None:
         return
-    try:
-        close()
-    except (KafkaException, RuntimeError) as exc:
-        log.debug("closing Kafka client: %s", exc)
+    if discard:
+        try:
+            client.purge(in_queue=True, in_flight=True, blocking=False)
+        except (KafkaException, RuntimeError, AttributeError, TypeError) as exc:
+            log.debug("purging a Kafka client before closing it: %s", exc)
+    closed = threading.Event()
+
+    def run() -> None:
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                close()
+            for warning in caught:
+                log.debug("closing Kafka client: %s", warning.message)
+        except (KafkaException, RuntimeError) as exc:
+            log.debug("closing Kafka client: %s", exc)
+        finally:
+            closed.set()
+
+    threading.Thread(target=run, name=f"close-{type(client).__name__}", daemon=True).start()
+    if not closed.wait(bound_s):
+        log.warning(
+            "closing a Kafka %s took over %.0f s (a broker or its transaction coordinator away?); "
+            "it goes on in the background",
+            type(client).__name__,
+            bound_s,
+        )

@@ -57,7 +57,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .errors import ConfigurationError
+from rollout_journal.journal.errors import ConfigurationError
 
 ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "ROLLOUT_JOURNAL_KAFKA_"
@@ -68,10 +68,17 @@ MAX_TOPIC_LEN = 249
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
 _SECRET_WORDS = ("password", "secret", "token", "key", "credential", "jaas", "oauthbearer.config")
 # Owned by the backend: letting a user override them would silently break atomicity or fencing.
-RESERVED_LIBRDKAFKA = frozenset({
-    "enable.idempotence", "acks", "request.required.acks", "transactional.id",
-    "isolation.level", "enable.auto.commit", "enable.partition.eof",
-})
+RESERVED_LIBRDKAFKA = frozenset(
+    {
+        "enable.idempotence",
+        "acks",
+        "request.required.acks",
+        "transactional.id",
+        "isolation.level",
+        "enable.auto.commit",
+        "enable.partition.eof",
+    }
+)
 REDACTED = "**********"
 
 
@@ -112,7 +119,10 @@ class KafkaSettings(BaseModel):
     """The worker's stable slot name (``worker-0``). Required to commit; readers leave it unset
     so they never fence the worker that owns the slot. The producer's ``transactional.id`` is
     ``<namespace>.<slot>`` (:attr:`producer_transactional_id`)."""
-    transaction_timeout_ms: int = Field(60_000, ge=1000, le=900_000)
+    transaction_timeout_ms: int = Field(10_000, ge=1000, le=900_000)
+    """A transaction older than this is aborted by the broker. A worker's transaction lives one commit
+    (milliseconds), so this bounds how long a take waits behind a crashed owner's open transaction
+    (Kafka Streams' exactly-once default); a stalled one is healed (see ``journal.kafka.writer``)."""
     events_retention_ms: int = Field(-1, ge=-1)
     """-1 keeps events forever: they are the audit trail."""
 
@@ -131,6 +141,10 @@ class KafkaSettings(BaseModel):
     compression_type: Literal["none", "gzip", "snappy", "lz4", "zstd"] = "lz4"
     operation_timeout_ms: int = Field(30_000, ge=100)
     """Bound on admin requests, offset queries and a read that makes no progress."""
+    cluster_unavailable_timeout_ms: int = Field(120_000, ge=1_000)
+    """How long transient client errors (a broker gone, leadership or a coordinator moving, every
+    broker down) are retried before the call fails (``journal.kafka.retry``): a replicated cluster
+    that loses one broker settles within seconds; this is for a whole cluster restarting."""
     group_protocol: Literal["classic", "consumer"] = "classic"
     """The worker group's rebalance protocol. ``classic`` (with ``cooperative-sticky``) lets the
     client set the session timeout below; ``consumer`` (KIP-848) takes it from the broker's group
@@ -158,7 +172,9 @@ class KafkaSettings(BaseModel):
                 f"namespace {value!r} is not a legal Kafka topic prefix: use letters, digits, '.', '_' and '-'"
             )
         if len(value) + len(".snapshots") > MAX_TOPIC_LEN:
-            raise ValueError(f"namespace {value[:40]!r}... is too long: topic names are limited to {MAX_TOPIC_LEN} chars")
+            raise ValueError(
+                f"namespace {value[:40]!r}... is too long: topic names are limited to {MAX_TOPIC_LEN} chars"
+            )
         return value
 
     @field_validator("bootstrap_servers")
@@ -209,8 +225,11 @@ class KafkaSettings(BaseModel):
 
     @model_validator(mode="after")
     def _isr_fits_replicas(self) -> KafkaSettings:
-        if self.min_insync_replicas is not None and self.replication_factor is not None \
-                and self.min_insync_replicas > self.replication_factor:
+        if (
+            self.min_insync_replicas is not None
+            and self.replication_factor is not None
+            and self.min_insync_replicas > self.replication_factor
+        ):
             raise ValueError(
                 f"min_insync_replicas={self.min_insync_replicas} exceeds replication_factor="
                 f"{self.replication_factor}: every acks=all write would fail"
@@ -233,17 +252,23 @@ class KafkaSettings(BaseModel):
         return f"{self.namespace}.results"
 
     @property
+    def acks_topic(self) -> str:
+        """The trainer's acknowledgements (``RolloutAcknowledged``), for each partition's owner to apply
+        in its own transaction: the trainer never writes an owner's partitions."""
+        return f"{self.namespace}.acks"
+
+    @property
+    def workloads_topic(self) -> str:
+        """Every workload registration (``WorkloadRegistered``, key = workload name), one partition,
+        compacted: what a fleet's workers follow to learn of workloads, never the snapshots."""
+        return f"{self.namespace}.workloads"
+
+    @property
     def producer_transactional_id(self) -> str | None:
         """``<namespace>.<slot>``: Kafka fences by ``transactional.id`` across the whole cluster,
         so a bare slot name (``worker-0``) would let a job in another namespace fence this one.
-        The per-partition writers of a worker fleet use the slots ``p<N>`` (``<namespace>.p<N>``),
-        so a single worker's slot should not be named ``p<N>``."""
+        (Group members use ``<namespace>.w.<name>.<boot>``; older fleets used ``<namespace>.p<N>``.)"""
         return None if self.transactional_id is None else f"{self.namespace}.{self.transactional_id}"
-
-    def partition_transactional_id(self, partition: int) -> str:
-        """``<namespace>.p<N>``: the ``transactional.id`` of whichever worker of a fleet owns partition N.
-        Taking the partition runs ``init_transactions`` with it, which fences the previous owner."""
-        return f"{self.namespace}.p{partition}"
 
     @property
     def group_id(self) -> str:

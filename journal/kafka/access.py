@@ -2,16 +2,17 @@
 a backend makes when it opens, and the one-line errors that name a refused resource.
 
 A namespace ``NS`` owns every Kafka resource whose name starts with ``NS.``: the topics
-``NS.events``, ``NS.snapshots`` (a fleet's workload registrations live there too) and
-``NS.results`` (the trainer's training records), the
-transactional ids ``NS.<slot>`` (``run``, ``resume``) and ``NS.p<N>`` (a fleet worker's
-writer of partition N), the fleet's consumer group ``NS.workers`` and the readers' groups
+``NS.events``, ``NS.snapshots`` (workload registrations live there too), ``NS.workloads``
+(the registrations a fleet's workers follow), ``NS.results`` (the trainer's training records)
+and ``NS.acks`` (its acknowledgements), the
+transactional ids ``NS.w.<name>.<boot>`` (each group member's: ``worker``, ``run``, ``resume``)
+and ``NS.<slot>`` (slot mode), the fleet's consumer group ``NS.workers`` and the readers' groups
 ``NS.reader-<random>``. So prefixed ACLs on ``NS.``
 grant one namespace and nothing else. Namespaces nest by that prefix: a grant on ``team``
 also covers a namespace ``team.x``; give tenants sibling names (``team-a``, ``team-b``).
 
 The minimal sets, measured on Kafka 4.3 with ``StandardAuthorizer`` by dropping one ACL at a
-time (``tests/test_kafka_security.py``):
+time (``tests/journal/test_kafka_security.py``):
 
 - worker (``run``, ``resume``, ``submit``, a fleet's ``worker``): topics ``READ``, ``WRITE``,
   ``CREATE`` (only to create the topics on first use), ``DESCRIBE_CONFIGS`` (the settings
@@ -42,7 +43,7 @@ import concurrent.futures
 import logging
 import time
 from collections.abc import Iterable, Mapping
-from typing import Literal
+from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException, TopicCollection
 from confluent_kafka.admin import (
@@ -55,15 +56,15 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from .errors import (
+from rollout_journal.journal.errors import (
     AuthenticationFailedError,
     ClusterUnreachableError,
     ConfigurationError,
     JournalError,
     NotAuthorizedError,
 )
-from .kafka_clients import AUTHENTICATION_CODES, ClientErrors, kafka_error
-from .kafka_config import KafkaSettings
+from rollout_journal.journal.kafka.clients import AUTHENTICATION_CODES, ClientErrors, kafka_error
+from rollout_journal.journal.kafka.config import KafkaSettings
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +80,11 @@ _REFUSED_TYPE = {
     KafkaError.CLUSTER_AUTHORIZATION_FAILED: CLUSTER_TYPE,
 }
 AUTHORIZATION_CODES = frozenset(_REFUSED_TYPE)
-_RESOURCE_TYPES = {TOPIC: ResourceType.TOPIC, TRANSACTIONAL_ID: ResourceType.TRANSACTIONAL_ID, GROUP: ResourceType.GROUP}
+_RESOURCE_TYPES = {
+    TOPIC: ResourceType.TOPIC,
+    TRANSACTIONAL_ID: ResourceType.TRANSACTIONAL_ID,
+    GROUP: ResourceType.GROUP,
+}
 
 _LOGIN_PROBE_S = 0.5
 
@@ -90,8 +95,11 @@ _LOGIN_PROBE_S = 0.5
 def namespace_rights(role: Role = "worker", *, create_topics: bool = True) -> dict[str, list[str]]:
     """The minimal operations of ``role`` per resource type (see the module docstring)."""
     if role == "worker":
-        return {TOPIC: ["READ", "WRITE", "DESCRIBE_CONFIGS"] + (["CREATE"] if create_topics else []),
-                TRANSACTIONAL_ID: ["WRITE"], GROUP: ["READ"]}
+        return {
+            TOPIC: ["READ", "WRITE", "DESCRIBE_CONFIGS"] + (["CREATE"] if create_topics else []),
+            TRANSACTIONAL_ID: ["WRITE"],
+            GROUP: ["READ"],
+        }
     if role == "reader":
         return {TOPIC: ["READ", "DESCRIBE_CONFIGS"], GROUP: ["DESCRIBE"]}
     raise ConfigurationError(f"role {role!r} is neither 'worker' nor 'reader'")
@@ -100,13 +108,20 @@ def namespace_rights(role: Role = "worker", *, create_topics: bool = True) -> di
 def namespace_acls(namespace: str, user: str, *, role: Role = "worker", create_topics: bool = True) -> list[AclBinding]:
     """The minimal ACLs that let ``user`` work in ``namespace`` as ``role``, all prefixed on
     ``<namespace>.``. ``create_topics=False`` leaves out ``CREATE`` for clusters whose operators
-    create the topics themselves (with the configs of ``journal.kafka_topics.topic_configs``)."""
+    create the topics themselves (with the configs of ``rollout_journal.journal.kafka.topics.topic_configs``)."""
     KafkaSettings(bootstrap_servers="localhost", namespace=namespace)  # refuses a namespace no topic could carry
     if not user or any(ch.isspace() or ch in ",;" for ch in user):
         raise ConfigurationError(f"user name {user!r} is empty or holds whitespace, ',' or ';'")
     return [
-        AclBinding(_RESOURCE_TYPES[kind], f"{namespace}.", ResourcePatternType.PREFIXED, f"User:{user}", "*",
-                   AclOperation[operation], AclPermissionType.ALLOW)
+        AclBinding(
+            _RESOURCE_TYPES[kind],
+            f"{namespace}.",
+            ResourcePatternType.PREFIXED,
+            f"User:{user}",
+            "*",
+            AclOperation[operation],
+            AclPermissionType.ALLOW,
+        )
         for kind, operations in namespace_rights(role, create_topics=create_topics).items()
         for operation in operations
     ]
@@ -127,16 +142,21 @@ def create_acls(admin: AdminClient, bindings: list[AclBinding], *, timeout_s: fl
         except KafkaException as exc:
             err = kafka_error(exc)
             if err is not None and err.code() in AUTHORIZATION_CODES:
-                raise ConfigurationError("the admin client may not create ACLs (it needs ALTER on the cluster, "
-                                         "or to be a super user)") from None
+                raise ConfigurationError(
+                    "the admin client may not create ACLs (it needs ALTER on the cluster, or to be a super user)"
+                ) from None
             raise JournalError(f"creating ACL {binding} failed: {err.str() if err is not None else exc}") from None
     wait_for_acls(admin, bindings, present=True, timeout_s=timeout_s)
 
 
 def delete_acls(admin: AdminClient, bindings: list[AclBinding], *, timeout_s: float = 30.0) -> None:
     """Delete exactly ``bindings``; return once the answering broker no longer enforces them."""
-    filters = [AclBindingFilter(b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation,
-                                b.permission_type) for b in bindings]
+    filters = [
+        AclBindingFilter(
+            b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation, b.permission_type
+        )
+        for b in bindings
+    ]
     for future in admin.delete_acls(filters, request_timeout=timeout_s).values():
         future.result()
     wait_for_acls(admin, bindings, present=False, timeout_s=timeout_s)
@@ -145,6 +165,7 @@ def delete_acls(admin: AdminClient, bindings: list[AclBinding], *, timeout_s: fl
 def wait_for_acls(admin: AdminClient, bindings: list[AclBinding], *, present: bool, timeout_s: float) -> None:
     """Poll the broker's authorizer (DescribeAcls answers from it) until every one of ``bindings``
     is there (``present``) or none is."""
+
     def key(b: AclBinding) -> tuple[object, ...]:
         return (b.restype, b.name, b.resource_pattern_type, b.principal, b.host, b.operation, b.permission_type)
 
@@ -154,15 +175,26 @@ def wait_for_acls(admin: AdminClient, bindings: list[AclBinding], *, present: bo
     while True:
         seen: set[tuple[object, ...]] = set()
         for principal in principals:
-            every = AclBindingFilter(ResourceType.ANY, None, ResourcePatternType.ANY, principal, None,  # type: ignore[arg-type]
-                                     AclOperation.ANY, AclPermissionType.ANY)  # None: any name, any host
+            # None: any name, any host (the filter's stubs say str)
+            any_name_or_host: Any = None
+            every = AclBindingFilter(
+                ResourceType.ANY,
+                any_name_or_host,
+                ResourcePatternType.ANY,
+                principal,
+                any_name_or_host,
+                AclOperation.ANY,
+                AclPermissionType.ANY,
+            )
             found = admin.describe_acls(every, request_timeout=timeout_s).result()
             seen.update(key(b) for b in found)
         if (wanted <= seen) if present else not (wanted & seen):
             return
         if time.monotonic() > deadline:
-            raise JournalError(f"the cluster still {'lacks' if present else 'holds'} ACLs it "
-                               f"{'created' if present else 'deleted'} after {timeout_s:.0f} s")
+            raise JournalError(
+                f"the cluster still {'lacks' if present else 'holds'} ACLs it "
+                f"{'created' if present else 'deleted'} after {timeout_s:.0f} s"
+            )
         time.sleep(0.05)
 
 
@@ -184,8 +216,10 @@ def not_authorized(settings: KafkaSettings, operation: str, resource_type: str, 
     user = settings.librdkafka.get("sasl.username")
     ns = settings.namespace
     if user and resource_type != CLUSTER_TYPE and resource.startswith(f"{ns}."):
-        hint = (f"if {user} should work in namespace {ns}, a cluster admin grants it with "
-                f"`rollout-journal kafka grant --namespace {ns} --user {user}`")
+        hint = (
+            f"if {user} should work in namespace {ns}, a cluster admin grants it with "
+            f"`rollout-journal kafka grant --namespace {ns} --user {user}`"
+        )
     else:
         hint = f"a cluster admin must grant {operation} on this {resource_type} (see README: Securing a shared cluster)"
     return NotAuthorizedError(operation, resource_type, resource, principal_of(settings), hint)
@@ -225,7 +259,9 @@ def _reason(err: KafkaError) -> str:
 # -- checks at open ------------------------------------------------------------------------
 
 
-def wait_until_authenticated(admin: AdminClient, settings: KafkaSettings, errors: ClientErrors, timeout_s: float) -> bool:
+def wait_until_authenticated(
+    admin: AdminClient, settings: KafkaSettings, errors: ClientErrors, timeout_s: float
+) -> bool:
     """Return once a broker answers ``admin``: whether this client may do anything at all (no
     authorizer, or a super user: the cluster grants it ALTER on itself, which no namespace grant
     holds). :class:`AuthenticationFailedError` as soon as a broker refuses the credentials (a SCRAM
@@ -246,8 +282,9 @@ def wait_until_authenticated(admin: AdminClient, settings: KafkaSettings, errors
             if err is not None and err.code() in AUTHENTICATION_CODES:
                 raise authentication_failed(settings, err) from None
             if errors.authentication is None and time.monotonic() < deadline:
-                answer = admin.describe_cluster(request_timeout=max(0.1, deadline - time.monotonic()),
-                                                include_authorized_operations=True)
+                answer = admin.describe_cluster(
+                    request_timeout=max(0.1, deadline - time.monotonic()), include_authorized_operations=True
+                )
         admin.poll(0)  # serves error_cb
         if errors.authentication is not None:
             raise authentication_failed(settings, errors.authentication)
@@ -261,7 +298,11 @@ def wait_until_authenticated(admin: AdminClient, settings: KafkaSettings, errors
 
 
 def check_topic_access(
-    admin: AdminClient, settings: KafkaSettings, topics: Iterable[str], operations: Iterable[str], timeout_s: float,
+    admin: AdminClient,
+    settings: KafkaSettings,
+    topics: Iterable[str],
+    operations: Iterable[str],
+    timeout_s: float,
 ) -> None:
     """:class:`NotAuthorizedError` naming the first of ``operations`` (``READ``, ``WRITE``) that
     the cluster does not grant this client on one of ``topics``; nothing is asked of a broker
@@ -270,8 +311,9 @@ def check_topic_access(
     deadline = time.monotonic() + timeout_s
     for topic in topics:
         while True:  # a broker other than the one that created the topic may not know it yet
-            future = admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True,
-                                           request_timeout=timeout_s)[topic]
+            future = admin.describe_topics(
+                TopicCollection([topic]), include_authorized_operations=True, request_timeout=timeout_s
+            )[topic]
             try:
                 granted = future.result().authorized_operations
                 break
@@ -282,17 +324,22 @@ def check_topic_access(
                     raise denied from None
                 transient = err is not None and (err.retriable() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
                 if not transient or time.monotonic() > deadline:
-                    raise JournalError(f"cannot describe topic {topic} on {settings.bootstrap_servers}: {exc}") from None
+                    raise JournalError(
+                        f"cannot describe topic {topic} on {settings.bootstrap_servers}: {exc}"
+                    ) from None
                 time.sleep(0.1)
         _require(settings, granted, operations, TOPIC, topic)
 
 
-def check_group_access(admin: AdminClient, settings: KafkaSettings, group: str, operation: str, timeout_s: float) -> None:
+def check_group_access(
+    admin: AdminClient, settings: KafkaSettings, group: str, operation: str, timeout_s: float
+) -> None:
     """:class:`NotAuthorizedError` when the cluster does not grant ``operation`` (``READ`` to join,
     ``DESCRIBE`` to find its coordinator) on ``group`` to this client. Another failure to describe
     the group (its coordinator still loading) leaves the check to the group's first use."""
-    future = admin.describe_consumer_groups([group], include_authorized_operations=True,
-                                            request_timeout=timeout_s)[group]
+    future = admin.describe_consumer_groups([group], include_authorized_operations=True, request_timeout=timeout_s)[
+        group
+    ]
     try:
         granted = future.result().authorized_operations
     except KafkaException as exc:
@@ -319,7 +366,18 @@ def _require(
 
 
 __all__ = [
-    "AUTHORIZATION_CODES", "authentication_failed", "check_group_access",
-    "check_topic_access", "create_acls", "delete_acls", "describe_rights", "namespace_acls", "namespace_rights", "not_authorized", "principal_of",
-    "refusal", "wait_for_acls", "wait_until_authenticated",
+    "AUTHORIZATION_CODES",
+    "authentication_failed",
+    "check_group_access",
+    "check_topic_access",
+    "create_acls",
+    "delete_acls",
+    "describe_rights",
+    "namespace_acls",
+    "namespace_rights",
+    "not_authorized",
+    "principal_of",
+    "refusal",
+    "wait_for_acls",
+    "wait_until_authenticated",
 ]

@@ -28,13 +28,28 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from .backend import StoredRecord
-from .errors import JournalClosedError, JournalError, RecordLocation, UnstableReadError
-from .kafka_access import AUTHORIZATION_CODES, GROUP, TOPIC, refusal
-from .kafka_clients import base_config, close_client, describe, kafka_error, new_client, on_client_error, transient
-from .kafka_config import KafkaSettings
+from rollout_journal.journal.backend import StoredRecord
+from rollout_journal.journal.errors import (
+    ClusterUnreachableError,
+    JournalClosedError,
+    JournalError,
+    RecordLocation,
+    UnstableReadError,
+)
+from rollout_journal.journal.kafka.access import AUTHORIZATION_CODES, GROUP, TOPIC, refusal
+from rollout_journal.journal.kafka.clients import (
+    base_config,
+    close_client,
+    describe,
+    kafka_error,
+    new_client,
+    on_client_error,
+    refresh_if_stale,
+)
+from rollout_journal.journal.kafka.config import KafkaSettings
+from rollout_journal.journal.kafka.retry import Action, Retry, Role, classify, cluster_down
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +75,13 @@ class ReaderPool:
         self._closed = False
         self._high_marks: Consumer | None = None  # read_uncommitted: asks for high watermarks only
         self._high_lock = threading.Lock()
-        # Read-your-writes: the end of this backend's last commit per (topic, partition).
+        # Read-your-writes: the end of this backend's last commit per (topic, partition), and (a group
+        # member's) the commit point of the partition's previous owner, learned at a take.
         self._committed_end: dict[tuple[str, int], int] = {}
+        # A member's partitions with no commit point (never written by a member: a namespace of an older
+        # version): read to the high watermark once every transaction on them is decided, as a writer's.
+        self._settle: set[tuple[str, int]] = set()
+        self._floors: dict[tuple[str, int], int] = {}
 
     @property
     def open_consumers(self) -> int:
@@ -70,22 +90,24 @@ class ReaderPool:
     def consumer_config(self, isolation: str = "read_committed") -> dict[str, Any]:
         """A reader consumer's librdkafka config (passthrough applied)."""
         cfg = base_config(self.settings, self.settings.transactional_id or "reader", "reader")
-        cfg.update({
-            # librdkafka requires a group id; readers are assigned, never join it, never commit.
-            "group.id": self.group,
-            "isolation.level": isolation,
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error",  # a deleted offset is an error, never a silent skip
-            # A read ends at EOF, found by a fetch that waits up to this long at the tail; requests on a
-            # connection are served in order, so the next offset query waits behind it too. 500 ms
-            # (default) -> 10 ms -> 1 ms: a 50-record read takes ~1 s -> ~22 ms -> ~4 ms on the dev broker.
-            "fetch.wait.max.ms": 1,
-            "queued.max.messages.kbytes": _READ_PREFETCH_KBYTES,
-            "fetch.queue.backoff.ms": _READ_QUEUE_BACKOFF_MS,
-            "error_cb": on_client_error(self.settings),
-        })
+        cfg.update(
+            {
+                # librdkafka requires a group id; readers are assigned, never join it, never commit.
+                "group.id": self.group,
+                "isolation.level": isolation,
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "error",  # a deleted offset is an error, never a silent skip
+                # A read ends at EOF, found by a fetch that waits up to this long at the tail; requests on a
+                # connection are served in order, so the next offset query waits behind it too. 500 ms
+                # (default) -> 10 ms -> 1 ms: a 50-record read takes ~1 s -> ~22 ms -> ~4 ms on the dev broker.
+                "fetch.wait.max.ms": 1,
+                "queued.max.messages.kbytes": _READ_PREFETCH_KBYTES,
+                "fetch.queue.backoff.ms": _READ_QUEUE_BACKOFF_MS,
+                "error_cb": on_client_error(self.settings),
+            }
+        )
         cfg.update(self.settings.librdkafka)
         return cfg
 
@@ -96,6 +118,32 @@ class ReaderPool:
             key = (loc.source, loc.partition)
             if ends.get(key, -1) <= loc.offset:
                 ends[key] = loc.offset + 1
+
+    def note_floor(self, topic: str, partition: int, offset: int | None) -> None:
+        """A member took ``partition``: its previous owner committed through ``offset`` (the group's
+        committed offset; None: no member ever committed there). Reads of it end there at least,
+        waiting for the last stable offset to pass it; with None, at the high watermark once stable."""
+        key = (topic, partition)
+        if offset is None:
+            self._settle.add(key)
+            return
+        self._settle.discard(key)
+        self._floors[key] = offset
+
+    def forget(self, topic: str, partition: int) -> None:
+        """A member let ``partition`` go: what it knew of its end is the next owner's to learn."""
+        self._committed_end.pop((topic, partition), None)
+        self._floors.pop((topic, partition), None)
+        self._settle.discard((topic, partition))
+
+    def known_end(self, topic: str, partition: int) -> int | None:
+        """Where this backend knows committed records of a partition reach at least (None: unknown)."""
+        ends = [
+            e
+            for e in (self._committed_end.get((topic, partition)), self._floors.get((topic, partition)))
+            if e is not None
+        ]
+        return max(ends) if ends else None
 
     # -- the pool ---------------------------------------------------------------------------
 
@@ -147,49 +195,54 @@ class ReaderPool:
     def _watermarks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
         """(log start, last stable offset): read_committed consumers report the LSO as the high mark.
 
-        Retriable errors (a leader not elected yet just after topic creation, a leader
-        moving) are retried until the operation timeout."""
-        deadline = time.monotonic() + self.settings.operation_timeout_ms / 1000
-        delay = 0.01
+        Transient errors (a broker gone, a leader not elected yet just after topic creation, a
+        leader moving) are retried under the backend's retry policy (``journal.kafka.retry``)."""
+        retry = Retry(self.settings.cluster_unavailable_timeout_ms / 1000, f"offsets of {topic}[{partition}]")
+        query_s = self.settings.operation_timeout_ms / 1000
         while True:
             try:
                 marks = consumer.get_watermark_offsets(
-                    TopicPartition(topic, partition), timeout=self.settings.operation_timeout_ms / 1000, cached=False
+                    TopicPartition(topic, partition), timeout=min(query_s, max(1.0, retry.left_s())), cached=False
                 )
-                break
             except KafkaException as exc:
                 err = kafka_error(exc)
-                if err is not None and transient(err) and time.monotonic() < deadline:
-                    log.debug("offsets of %s[%d]: %s; retrying", topic, partition, describe(err))
-                    time.sleep(delay)
-                    delay = min(delay * 2, 0.5)
+                if classify(err, Role.OFFSETS) is Action.RETRY and retry.wait(err):
+                    refresh_if_stale(consumer, err, topic, min(query_s, max(1.0, retry.left_s())))
                     continue
                 denied = refusal(self.settings, err, {TOPIC: ("READ", topic)})
                 if denied is not None:
                     raise denied from None
+                if cluster_down(err) or classify(err, Role.OFFSETS) is Action.RETRY:
+                    raise ClusterUnreachableError(
+                        f"cannot query offsets of topic {topic} partition {partition} on "
+                        f"{self.settings.bootstrap_servers} for {retry.elapsed_s:.0f} s: {exc}"
+                    ) from exc
                 raise JournalError(f"cannot query offsets of topic {topic} partition {partition}: {exc}") from exc
-        if marks is None:
-            raise JournalError(
-                f"timed out querying offsets of topic {topic} partition {partition} "
-                f"after {self.settings.operation_timeout_ms} ms"
-            )
-        return marks
+            if marks is not None:
+                return marks
+            if not retry.wait(None):
+                raise ClusterUnreachableError(
+                    f"timed out querying offsets of topic {topic} partition {partition} "
+                    f"for {retry.elapsed_s:.0f} s on {self.settings.bootstrap_servers}"
+                )
 
-    def _stable_marks(self, consumer: Consumer, topic: str, partition: int) -> tuple[int, int]:
-        """Watermarks that cover every commit this backend has returned from (read-your-writes)."""
+    def _stable_marks(self, consumer: Consumer, topic: str, partition: int, *, floors: bool = False) -> tuple[int, int]:
+        """Watermarks that cover every commit this backend has returned from (read-your-writes), and
+        with ``floors`` the commit point its take learned."""
         low, end = self._watermarks(consumer, topic, partition)
         wanted = self._committed_end.get((topic, partition), 0)
+        if floors:
+            wanted = max(wanted, self._floors.get((topic, partition), 0))
         if end >= wanted:
             return low, end
-        deadline = time.monotonic() + self.settings.operation_timeout_ms / 1000
+        # Ours: milliseconds until the commit markers are written. A take's commit point: as long as an
+        # older zombie's transaction stays open below it (the broker aborts it after its timeout).
+        bound_s = max(self.settings.operation_timeout_ms, 2 * self.settings.transaction_timeout_ms) / 1000
+        deadline = time.monotonic() + bound_s
         delay = 0.002
         while end < wanted:
             if time.monotonic() > deadline:
-                raise JournalError(
-                    f"topic {topic} partition {partition}: this backend committed through offset {wanted - 1} "
-                    f"but the broker's last stable offset is still {end} after "
-                    f"{self.settings.operation_timeout_ms} ms (commit markers not written?)"
-                )
+                raise UnstableReadError(topic, partition, end, wanted, bound_s)
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
             low, end = self._watermarks(consumer, topic, partition)
@@ -237,8 +290,14 @@ class ReaderPool:
         seen when reading starts, in log order per partition."""
         return self.read_from(topic, {p: from_offset for p in partitions})
 
-    def read_from(self, topic: str, starts: dict[int, int | None], ends: dict[int, int] | None = None, *,
-                  stable: bool | None = None) -> Iterator[StoredRecord]:
+    def read_from(
+        self,
+        topic: str,
+        starts: dict[int, int | None],
+        ends: dict[int, int] | None = None,
+        *,
+        stable: bool | None = None,
+    ) -> Iterator[StoredRecord]:
         """Committed records of each partition from its start offset (None: the log start) to the end
         seen when reading starts; ``ends`` (if given) receives each partition's end. ``stable``
         overrides the pool's rule of where a read ends (see the module docstring)."""
@@ -250,10 +309,10 @@ class ReaderPool:
             next_offset: dict[int, int] = {}
             assignment: list[TopicPartition] = []
             for p, from_offset in starts.items():
-                if settled:
+                if settled or (stable is None and (topic, p) in self._settle):
                     low, end = self._settled_marks(consumer, topic, p)
                 else:
-                    low, end = self._stable_marks(consumer, topic, p)
+                    low, end = self._stable_marks(consumer, topic, p, floors=stable is None)
                 start = low if from_offset is None else from_offset
                 if start < low:
                     raise JournalError(
@@ -276,7 +335,9 @@ class ReaderPool:
         self, consumer: Consumer, topic: str, ends: dict[int, int], next_offset: dict[int, int]
     ) -> Iterator[StoredRecord]:
         pending = set(ends)
-        stall_s = self.settings.operation_timeout_ms / 1000
+        # A broker gone stalls a fetch until its partitions' leadership moves: seconds on a replicated
+        # cluster; the read gives up only when the whole cluster stays away (journal.kafka.retry).
+        stall_s = self.settings.cluster_unavailable_timeout_ms / 1000
         last_progress = time.monotonic()
 
         while pending:
@@ -285,7 +346,7 @@ class ReaderPool:
             if first is None:
                 if now - last_progress > stall_s:
                     where = ", ".join(f"{p}@{next_offset[p]}" for p in sorted(pending))
-                    raise JournalError(
+                    raise ClusterUnreachableError(
                         f"reading topic {topic} made no progress for {stall_s:.0f} s at partition@offset {where} "
                         f"(end {', '.join(str(ends[p]) for p in sorted(pending))}); is the cluster reachable?"
                     )
@@ -294,8 +355,9 @@ class ReaderPool:
             # Then what is already fetched, at once: a poll() a record cost as much as the rest of the read
             yield from self._records(topic, [first, *consumer.consume(_BATCH, 0)], ends, next_offset, pending)
 
-    def _records(self, topic: str, batch: list, ends: dict[int, int], next_offset: dict[int, int],
-                 pending: set[int]) -> Iterator[StoredRecord]:
+    def _records(
+        self, topic: str, batch: list[Message], ends: dict[int, int], next_offset: dict[int, int], pending: set[int]
+    ) -> Iterator[StoredRecord]:
         """The records of one consumed batch still owed (in order), ending partitions as they are read."""
         for msg in batch:
             if not pending:
@@ -314,9 +376,11 @@ class ReaderPool:
                     if offset is not None and offset >= ends[p]:
                         pending.discard(p)
                     continue
-                raise JournalError(
-                    f"reading topic {topic} partition {p} at offset {next_offset[p]}: {describe(err)}"
-                )
+                if classify(err, Role.READER) is Action.SKIP:  # a broker gone, a leader moving: fetched again
+                    log.debug("reading %s[%d]: %s; reading on", topic, p, describe(err))
+                    continue
+                raise JournalError(f"reading topic {topic} partition {p} at offset {next_offset[p]}: {describe(err)}")
+            assert offset is not None  # a message without an error has one
             if offset < next_offset[p]:
                 continue  # already seen: an outdated fetch
             if offset >= ends[p]:
@@ -326,26 +390,6 @@ class ReaderPool:
             yield stored_record(topic, p, offset, msg.key(), msg.value())
             if offset + 1 >= ends[p]:
                 pending.discard(p)
-
-
-class Follower:
-    """Reads a topic's records as they are committed: each ``poll()`` returns what was committed
-    since the previous one (the first: everything retained). Reads end at the last stable offset
-    (it never waits on another producer's transaction: what that holds back comes a poll later)."""
-
-    def __init__(self, pool: ReaderPool, topic: str, partitions: list[int]) -> None:
-        self._pool = pool
-        self._topic = topic
-        self._next: dict[int, int | None] = {p: None for p in partitions}
-
-    def poll(self) -> list[StoredRecord]:
-        ends: dict[int, int] = {}
-        records = list(self._pool.read_from(self._topic, dict(self._next), ends, stable=False))
-        for p, end in ends.items():
-            current = self._next[p]
-            if current is None or end > current:
-                self._next[p] = end
-        return records
 
 
 def stored_record(topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None) -> StoredRecord:
@@ -363,18 +407,35 @@ def stored_record(topic: str, partition: int, offset: int, key: bytes | None, va
 class StreamingFollower:
     """A ``read_committed`` consumer of its own, assigned to every partition of one topic from
     given offsets, handing on records as they are committed (the trainer's results feed).
-    Unlike :class:`Follower` it never rereads to a watermark: one long-lived fetch stream."""
+    It never rereads to a watermark: one long-lived fetch stream. ``fetch_wait_ms``: how long the
+    broker holds a fetch that finds nothing new, which sets its requests per second when idle."""
 
-    def __init__(self, pool: ReaderPool, topic: str, partitions: int, offsets: dict[int, int],
-                 batch: int = 4096) -> None:
+    def __init__(
+        self,
+        pool: ReaderPool,
+        topic: str,
+        partitions: int,
+        offsets: dict[int, int],
+        batch: int = 4096,
+        *,
+        fetch_wait_ms: int = 50,
+    ) -> None:
         cfg = pool.consumer_config()
-        cfg.update({"enable.partition.eof": False, "fetch.wait.max.ms": 50})
+        cfg.update({"enable.partition.eof": False, "fetch.wait.max.ms": fetch_wait_ms})
         cfg.update(pool.settings.librdkafka)
         self._consumer = new_client(Consumer, cfg, "consumer")
         self._settings = pool.settings
         self._topic = topic
         self._batch = batch
         self._consumer.assign([TopicPartition(topic, p, offsets.get(p, OFFSET_BEGINNING)) for p in range(partitions)])
+        self._position: dict[int, int] = {}  # partition -> next offset to hand on (assign() keeps them)
+
+    def assign(self, starts: dict[int, int | None]) -> None:
+        """Follow exactly these partitions: one followed already goes on where it is, a new one starts
+        at its offset (None: the log start)."""
+        wanted = {p: self._position.get(p, OFFSET_BEGINNING if o is None else o) for p, o in starts.items()}
+        self._position = {p: o for p, o in self._position.items() if p in wanted}
+        self._consumer.assign([TopicPartition(self._topic, p, o) for p, o in sorted(wanted.items())])
 
     def poll(self, timeout_s: float) -> list[StoredRecord]:
         """What was committed since the last poll, in order per partition; waits up to ``timeout_s``."""
@@ -385,15 +446,46 @@ class StreamingFollower:
         for msg in [first, *self._consumer.consume(self._batch, 0)]:
             err = msg.error()
             if err is not None:
-                if transient(err):
+                if err.code() == KafkaError._PARTITION_EOF or classify(err, Role.READER) is Action.SKIP:
                     log.debug("following %s: %s", self._topic, describe(err))
                     continue
                 denied = refusal(self._settings, err, {TOPIC: ("READ", self._topic)})  # a grant revoked meanwhile
                 if denied is not None:
                     raise denied
                 raise JournalError(f"reading topic {self._topic} partition {msg.partition()}: {describe(err)}")
-            records.append(stored_record(self._topic, msg.partition(), msg.offset(), msg.key(), msg.value()))
+            partition, offset = msg.partition(), msg.offset()
+            assert partition is not None and offset is not None  # a message without an error has both
+            records.append(stored_record(self._topic, partition, offset, msg.key(), msg.value()))
+            self._position[partition] = offset + 1
         return records
 
     def close(self) -> None:
         close_client(self._consumer)
+
+
+class CatchUpFollower:
+    """Partition 0 of a one-partition topic as it is committed: the first ``poll()`` reads it to its
+    end (one offset query), every later one hands on only what was committed since, from one
+    long-lived fetch stream (:class:`StreamingFollower`): no offset query and no reread per poll."""
+
+    def __init__(self, pool: ReaderPool, topic: str, *, fetch_wait_ms: int = 500) -> None:
+        self._pool = pool
+        self._topic = topic
+        self._fetch_wait_ms = fetch_wait_ms
+        self._stream: StreamingFollower | None = None
+
+    def poll(self) -> list[StoredRecord]:
+        """The records committed since the last poll (the first: every retained one); never waits."""
+        if self._stream is not None:
+            return self._stream.poll(0)
+        ends: dict[int, int] = {}
+        records = list(self._pool.read_from(self._topic, {0: None}, ends, stable=False))
+        self._stream = StreamingFollower(
+            self._pool, self._topic, 1, {0: ends.get(0, 0)}, fetch_wait_ms=self._fetch_wait_ms
+        )
+        return records
+
+    def close(self) -> None:
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None

@@ -1,0 +1,1 @@
+"""The Kafka backend: topics, clients, writer, readers, consumer group, access."""

@@ -1,0 +1,84 @@
+"""Taking a partition the namespace's group assigned: what every member does before it writes there.
+
+One code path for every member (a fleet's ``worker``, ``run``/``resume``, a gateway): learn where
+the previous owner's commits end (the group's committed offsets, waiting while its last transaction
+is undecided), read the partition's rollouts to that point, and apply the trainer's
+acknowledgements that waited for an owner, so an acknowledged rollout is never offered again. The
+take is checked against the assignment it was made for (``token``, the backend's ``own()``): one
+revoked meanwhile raises ``PartitionRevokedError`` before anything is admitted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Collection
+
+from rollout_journal.journal.errors import ClusterUnreachableError, UnstableReadError
+from rollout_journal.journal.journal import Journal
+from rollout_journal.journal.restore import RestorePlan, load_rollouts
+
+__all__ = ["apply_waiting_acks", "take_and_restore"]
+
+log = logging.getLogger(__name__)
+
+HeldBack = Callable[[UnstableReadError | ClusterUnreachableError], None]
+
+
+def take_and_restore(
+    journal: Journal,
+    partition: int,
+    token: int,
+    only: Collection[str] | None = None,
+    *,
+    on_held_back: HeldBack | None = None,
+    retry_s: float = 1.0,
+) -> RestorePlan:
+    """(Blocking.) Take ``partition`` under ``token`` and read its rollouts (of ``only``, if given).
+    A transaction that holds the read back (an older zombie's, until the broker aborts it; a
+    producer of an older version's) is waited out, loudly (``on_held_back``), and the read retried,
+    up to twice the cluster's unavailability budget; an unreachable partition is retried for as
+    long as the group assigns it here (a broker's loss; a revocation ends the take)."""
+    settings = getattr(journal.backend, "settings", None)
+    budget_ms = getattr(settings, "cluster_unavailable_timeout_ms", 60_000)
+    give_up = time.monotonic() + 2 * budget_ms / 1000
+    while True:
+        if journal.backend.owner_token(partition) != token:
+            raise journal._revoked(partition)
+        try:
+            journal.take_partition(partition, token)  # idempotent: the commit points, again
+            plan = load_rollouts(journal, partitions={partition}, only=only)
+            apply_waiting_acks(journal, partition, plan)
+            return plan
+        except (UnstableReadError, ClusterUnreachableError) as exc:
+            if isinstance(exc, UnstableReadError) and time.monotonic() > give_up:
+                raise
+            if on_held_back is not None:
+                on_held_back(exc)
+            time.sleep(retry_s)
+
+
+def apply_waiting_acks(journal: Journal, partition: int, plan: RestorePlan) -> None:
+    """(Blocking, at a take.) Apply the acknowledgements that waited for an owner (the trainer
+    acknowledged while nobody, or a crashed owner, held the partition), before anything is
+    admitted: an acknowledged rollout leaves ``plan`` for ``plan.acknowledged``."""
+    backend = journal.backend
+    read_acks = getattr(backend, "read_acks", None)
+    if read_acks is None:  # a backend without the trainer's topic: acknowledgements are journaled directly
+        return
+    records, end = read_acks(partition)
+    pending = []
+    for stored in records:
+        applied = journal.apply_acknowledgement(stored)
+        if applied is None:
+            continue
+        pending.append(applied)
+        history = plan.rollouts.pop(stored.key, None)
+        fence = history.fence if history is not None else None
+        if fence is not None:
+            plan.acknowledged[stored.key] = dataclasses.replace(fence, acknowledged_epoch=fence.epoch)
+    for future in pending:
+        future.result()  # durable before the position past them is committed
+    if records:
+        backend.acknowledgement_applied(partition, end)  # type: ignore[attr-defined]
