@@ -2,77 +2,94 @@
 
 Public API (import from here, not from the modules)::
 
-    from participants import WorkloadConfig, run_workload, Runner, RolloutState
+    from rollout_journal.participants import WorkloadConfig, run_workload, Runner, RolloutState
 
 Names load lazily (PEP 562), so importing one (or a submodule such as
-``participants.config``) never imports torch: only the model backend
+``rollout_journal.participants.workload.config``) never imports torch: only the model backend
 (``TorchPolicy``, ``build_backend``, ``run_workload``) does, when asked for; vLLM is imported
 only by the ``vllm`` backend.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rollout_journal.participants.lazy_exports import lazy_exports as _lazy_exports
 
 _EXPORTS: dict[str, str] = {
     # the workload a user writes, and running it
-    "WorkloadConfig": ".config",
-    "ModelConfig": ".config",
-    "TopologyChangedError": ".config",
-    "check_journal_location": ".config",
-    "run_workload": ".workload",
-    "build_backend": ".workload",
-    "open_workload_journal": ".workload",
-    "Runner": ".runner",
-    "RunReport": ".runner",
-    "RolloutReport": ".runner",
-    "RestoreTiming": ".runner",
-    "workload_specs": ".specs",
+    "WorkloadConfig": ".workload.config",
+    "ModelConfig": ".workload.config",
+    "TopologyChangedError": ".workload.config",
+    "check_journal_location": ".workload.config",
+    "run_workload": ".workload.run",
+    "build_backend": ".workload.run",
+    "open_workload_journal": ".workload.run",
+    "Runner": ".workload.runner",
+    "RunReport": ".workload.reports",
+    "RolloutReport": ".workload.reports",
+    "RestoreTiming": ".workload.reports",
+    "workload_specs": ".workload.specs",
+    "RolloutSpec": ".workload.specs",
     # a fleet of workers on one Kafka namespace
-    "FleetWorker": ".worker",
-    "WorkerReport": ".worker",
-    "submit_workload": ".worker",
+    "FleetWorker": ".workload.worker",
+    "WorkerReport": ".workload.worker",
+    "submit_workload": ".workload.worker",
     # the rollout as an aggregate
-    "RolloutSpec": ".rollout_state",
-    "RolloutProgress": ".rollout_state",
-    "RolloutState": ".rollout_state",
-    "StateFoldError": ".rollout_state",
-    "restore_state": ".rollout_state",
+    "RolloutProgress": ".rollout.state",
+    "RolloutState": ".rollout.state",
+    "StateFoldError": ".rollout.state",
+    "restore_state": ".rollout.state",
     # the trainer's side: complete prompt groups from the results stream, exactly once
     "TrainerFeed": ".trainer",
     "PromptGroup": ".trainer",
     "FeedPosition": ".trainer",
     "WaitingGroup": ".trainer",
-    "TokenLineage": ".token_lineage",
+    "TokenLineage": ".rollout.lineage",
     # the agent, the model, checkpoints
-    "Agent": ".agent",
-    "LiveRollout": ".agent",
-    "ModelParticipant": ".model",
-    "Generation": ".generation",
-    "GenerationBackend": ".generation",
-    "GenerationRequest": ".generation",
-    "BackendError": ".generation",
-    "TorchPolicy": ".torch_policy",
-    "VllmBackend": ".vllm_backend",
-    "VllmEngine": ".vllm_backend",
-    "OpenAIBackend": ".openai_backend",
-    "tiny_model_dir": ".tiny_model",
-    "ChatTokenizer": ".tokenizer",
-    "default_tokenizer": ".tokenizer",
-    "ActionTrie": ".constraints",
-    "ConstraintViolation": ".constraints",
-    "CoordinatedCheckpointer": ".checkpoint",
-    "CheckpointReport": ".checkpoint",
+    "Agent": ".workload.agent",
+    "LiveRollout": ".workload.agent",
+    "ModelParticipant": ".model.gate",
+    "Generation": ".model.generation",
+    "GenerationBackend": ".model.generation",
+    "GenerationRequest": ".model.generation",
+    "BackendError": ".model.generation",
+    "TorchPolicy": ".model.torch_backend",
+    "VllmBackend": ".model.vllm_backend",
+    "VllmEngine": ".model.vllm_backend",
+    "OpenAIBackend": ".model.openai_backend",
+    "tiny_model_dir": ".model.tiny_model",
+    "ChatTokenizer": ".model.tokenizer",
+    "default_tokenizer": ".model.tiny_model",
+    "ActionTrie": ".model.constraints",
+    "ConstraintViolation": ".model.constraints",
+    "CoordinatedCheckpointer": ".workload.checkpoint",
+    "CheckpointReport": ".workload.checkpoint",
+    # token-in-token-out prompts over real chat templates
+    "PromptBuilder": ".model.chat",
+    "Prompt": ".model.chat",
+    "TemplateRewritesHistory": ".model.chat",
+    "family_model_dir": ".model.families",
     # resource servers: environments behind HTTP
-    "ResourceServer": ".resource_server",
-    "serve_resources": ".resource_server",
-    "RemoteEnvironment": ".resource_client",
-    "EnvironmentFactory": ".resource_client",
-    "ServiceToken": ".resource_protocol",
-    "ControlError": ".resource_protocol",
-    "TransientControlError": ".resource_protocol",
-    "ResourceSessionLostError": ".resource_protocol",
+    "ResourceServer": ".remote.server",
+    "serve_resources": ".remote.server",
+    "RemoteEnvironment": ".remote.client",
+    "EnvironmentFactory": ".remote.client",
+    "ServiceToken": ".remote.protocol",
+    "ControlError": ".remote.protocol",
+    "TransientControlError": ".remote.protocol",
+    "ResourceSessionLostError": ".remote.protocol",
+    # any agent loop: the session API and the journaling gateway
+    "SessionFactory": ".session",
+    "RolloutSession": ".session",
+    "RolloutRef": ".session",
+    "ModelRequest": ".session",
+    "ToolRequest": ".session",
+    "ChatSession": ".session",
+    "NondeterminismError": ".session",
+    "GatewayConfig": ".remote.gateway",
+    "GatewayServer": ".remote.gateway",
+    "serve_gateway": ".remote.gateway",
     # resources and environments
     "Resource": ".resources",
     "Recovery": ".resources",
@@ -96,6 +113,7 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "ActionTrie",
     "Agent",
     "BackendError",
+    "ChatSession",
     "ChatTokenizer",
     "CheckpointReport",
     "ConstraintViolation",
@@ -106,15 +124,21 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "EnvironmentFactory",
     "FeedPosition",
     "FleetWorker",
+    "GatewayConfig",
+    "GatewayServer",
     "Generation",
     "GenerationBackend",
     "GenerationRequest",
     "LiveRollout",
     "ModelConfig",
     "ModelParticipant",
+    "ModelRequest",
     "MutationRecord",
     "MutationRequest",
+    "NondeterminismError",
     "OpenAIBackend",
+    "Prompt",
+    "PromptBuilder",
     "PromptGroup",
     "Recovery",
     "RemoteEnvironment",
@@ -124,22 +148,27 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "ResourceSessionLostError",
     "RestoreTiming",
     "RolloutProgress",
+    "RolloutRef",
     "RolloutReport",
+    "RolloutSession",
     "RolloutSpec",
     "RolloutState",
     "RunReport",
     "Runner",
     "ServiceToken",
+    "SessionFactory",
     "StaleEpochError",
     "StateFoldError",
     "StateImportError",
     "StepContext",
     "Task",
+    "TemplateRewritesHistory",
     "TokenLineage",
     "ToolCall",
+    "ToolRequest",
     "TopologyChangedError",
-    "TrainerFeed",
     "TorchPolicy",
+    "TrainerFeed",
     "TransientControlError",
     "UnknownEnvironmentError",
     "VllmBackend",
@@ -151,11 +180,13 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
     "check_journal_location",
     "default_tokenizer",
     "environment_class",
+    "family_model_dir",
     "load_tasks",
     "make_environment",
     "open_workload_journal",
     "restore_state",
     "run_workload",
+    "serve_gateway",
     "serve_resources",
     "submit_workload",
     "tiny_model_dir",
@@ -163,16 +194,7 @@ __all__ = [  # the names of _EXPORTS, spelled out for tools that read __all__ wi
 ]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ loads on first use
-    from .agent import Agent, LiveRollout
-    from .checkpoint import CheckpointReport, CoordinatedCheckpointer
-    from .config import (
-        ModelConfig,
-        TopologyChangedError,
-        WorkloadConfig,
-        check_journal_location,
-    )
-    from .constraints import ActionTrie, ConstraintViolation
-    from .environments import (
+    from rollout_journal.participants.environments import (
         ENVIRONMENTS,
         Environment,
         StepContext,
@@ -183,18 +205,31 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         load_tasks,
         make_environment,
     )
-    from .generation import BackendError, Generation, GenerationBackend, GenerationRequest
-    from .model import ModelParticipant
-    from .openai_backend import OpenAIBackend
-    from .resource_client import EnvironmentFactory, RemoteEnvironment
-    from .resource_protocol import (
+    from rollout_journal.participants.model.chat import Prompt, PromptBuilder, TemplateRewritesHistory
+    from rollout_journal.participants.model.constraints import ActionTrie, ConstraintViolation
+    from rollout_journal.participants.model.families import family_model_dir
+    from rollout_journal.participants.model.gate import ModelParticipant
+    from rollout_journal.participants.model.generation import (
+        BackendError,
+        Generation,
+        GenerationBackend,
+        GenerationRequest,
+    )
+    from rollout_journal.participants.model.openai_backend import OpenAIBackend
+    from rollout_journal.participants.model.tiny_model import default_tokenizer, tiny_model_dir
+    from rollout_journal.participants.model.tokenizer import ChatTokenizer
+    from rollout_journal.participants.model.torch_backend import TorchPolicy
+    from rollout_journal.participants.model.vllm_backend import VllmBackend, VllmEngine
+    from rollout_journal.participants.remote.client import EnvironmentFactory, RemoteEnvironment
+    from rollout_journal.participants.remote.gateway import GatewayConfig, GatewayServer, serve_gateway
+    from rollout_journal.participants.remote.protocol import (
         ControlError,
         ResourceSessionLostError,
         ServiceToken,
         TransientControlError,
     )
-    from .resource_server import ResourceServer, serve_resources
-    from .resources import (
+    from rollout_journal.participants.remote.server import ResourceServer, serve_resources
+    from rollout_journal.participants.resources import (
         MutationRecord,
         MutationRequest,
         Recovery,
@@ -203,32 +238,36 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time __getattr__ lo
         StaleEpochError,
         StateImportError,
     )
-    from .rollout_state import (
+    from rollout_journal.participants.rollout.lineage import TokenLineage
+    from rollout_journal.participants.rollout.state import (
         RolloutProgress,
-        RolloutSpec,
         RolloutState,
         StateFoldError,
         restore_state,
     )
-    from .runner import RestoreTiming, RolloutReport, Runner, RunReport, workload_specs
-    from .tiny_model import tiny_model_dir
-    from .token_lineage import TokenLineage
-    from .tokenizer import ChatTokenizer, default_tokenizer
-    from .torch_policy import TorchPolicy
-    from .trainer import FeedPosition, PromptGroup, TrainerFeed, WaitingGroup
-    from .vllm_backend import VllmBackend, VllmEngine
-    from .worker import FleetWorker, WorkerReport, submit_workload
-    from .workload import build_backend, open_workload_journal, run_workload
+    from rollout_journal.participants.session import (
+        ChatSession,
+        ModelRequest,
+        NondeterminismError,
+        RolloutRef,
+        RolloutSession,
+        SessionFactory,
+        ToolRequest,
+    )
+    from rollout_journal.participants.trainer import FeedPosition, PromptGroup, TrainerFeed, WaitingGroup
+    from rollout_journal.participants.workload.agent import Agent, LiveRollout
+    from rollout_journal.participants.workload.checkpoint import CheckpointReport, CoordinatedCheckpointer
+    from rollout_journal.participants.workload.config import (
+        ModelConfig,
+        TopologyChangedError,
+        WorkloadConfig,
+        check_journal_location,
+    )
+    from rollout_journal.participants.workload.reports import RestoreTiming, RolloutReport, RunReport
+    from rollout_journal.participants.workload.run import build_backend, open_workload_journal, run_workload
+    from rollout_journal.participants.workload.runner import Runner
+    from rollout_journal.participants.workload.specs import RolloutSpec, workload_specs
+    from rollout_journal.participants.workload.worker import FleetWorker, WorkerReport, submit_workload
 
 
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(module, __name__), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_EXPORTS))
+__getattr__, __dir__ = _lazy_exports(__name__, _EXPORTS, globals())

@@ -22,9 +22,25 @@ turn commit together and restore finds a committed final turn finished (it is
 offered again, never rerun). The feed still keeps a rollout once per group (the
 first record wins), so a repeat within its window is dropped.
 
+A rollout given up after its infrastructure failures (the workload's ``failure_policy``)
+publishes a given-up record instead of a result, so its group resolves instead of waiting
+forever: once every sibling has a record, a group with a given-up sibling is dropped, not
+handed on (:meth:`TrainerFeed.dropped` lists it, with the given-up rollouts). The trainer
+never sees a partial group and never trains on a given-up rollout's record (it has no
+tokens and no reward). The feed consumes a dropped group like a handed-on one: the
+position moves past its records, and with an acknowledger its rollouts are acknowledged
+at once (nothing is trained on them, so no step has to be durable first), so a resumed
+workload never offers them again. With ``failure_policy.group: redispatch`` the workload
+also runs a replacement group on the same task, which arrives under its own id
+(``<group>r<k>``) like any other group.
+
 After a step is durable, :meth:`TrainerFeed.acknowledge` journals
 ``RolloutAcknowledged`` for the group's rollouts and tombstones their snapshots (the
-runner's acknowledgement records), so a resumed workload never offers them again.
+runner's acknowledgement records), so a resumed workload never offers them again. On Kafka
+the trainer never writes a worker's partitions: each acknowledgement is one record on
+``<namespace>.acks`` (idempotent, no transaction, so it can never hold an owner's restore back),
+and the rollout's partition owner applies it in its own transaction; with no owner running it
+waits there for the next one.
 A position names the rollouts handed on but not yet acknowledged, so a trainer
 killed between saving its checkpoint and acknowledging has a successor that
 acknowledges them (those the journal does not show acknowledged already).
@@ -38,18 +54,25 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from journal.backend import Backend
-from journal.errors import ConfigurationError, JournalError, RecordLocation
-from journal.events import FenceEntry, Header, TrainingRecord
-from journal.journal import Journal
-from journal.results import PublishedResult, ResultsDecoder, ResultsFollower, follow_results
+from rollout_journal.journal.backend import Backend, StoredRecord
+from rollout_journal.journal.errors import ConfigurationError, JournalError, RecordLocation
+from rollout_journal.journal.events import RECORD_GIVEN_UP, FenceEntry, TrainingRecord
+from rollout_journal.journal.journal import AppendReceipt, Journal
+from rollout_journal.journal.results import PublishedResult, ResultsDecoder, ResultsFollower, follow_results
+from rollout_journal.participants.rollout.state import RolloutProgress
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FeedPosition", "PromptGroup", "TrainerFeed", "WaitingGroup"]
+__all__ = ["DroppedGroup", "FeedPosition", "PromptGroup", "TrainerFeed", "WaitingGroup"]
+
+# A rollout a trainer took, as a feed position keeps it until acknowledged: its RolloutFinished
+# header's (rollout_id, group_id, attempt, epoch, turn, seq) and its fence history, each entry a
+# FenceEntry's (attempt, epoch, seq, writer, ts_ms).
+AckEntry = tuple[str, str, int, int, int, int, tuple[tuple[int, int, int, str, int], ...]]
 
 
 @dataclass(frozen=True)
@@ -65,12 +88,17 @@ class FeedPosition:
     # Rollouts handed on and not yet acknowledged when the position was taken: a feed built from it
     # acknowledges those its journal does not show acknowledged (a trainer killed between saving its
     # checkpoint and acknowledging). Each: the RolloutFinished header's fields and the fence history.
-    unacknowledged: tuple[tuple, ...] = ()
+    unacknowledged: tuple[AckEntry, ...] = ()
 
     def to_json(self) -> str:
-        return json.dumps({"offsets": {str(p): o for p, o in sorted(self.offsets.items())},
-                           "delivered": sorted(self.delivered),
-                           "unacknowledged": [list(u) for u in self.unacknowledged]}, separators=(",", ":"))
+        return json.dumps(
+            {
+                "offsets": {str(p): o for p, o in sorted(self.offsets.items())},
+                "delivered": sorted(self.delivered),
+                "unacknowledged": [list(u) for u in self.unacknowledged],
+            },
+            separators=(",", ":"),
+        )
 
     @classmethod
     def from_json(cls, text: str) -> FeedPosition:
@@ -79,8 +107,9 @@ class FeedPosition:
             unacked = tuple((*u[:6], tuple(tuple(a) for a in u[6])) for u in doc.get("unacknowledged", []))
             return cls({int(p): int(o) for p, o in doc["offsets"].items()}, frozenset(doc["delivered"]), unacked)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
-            raise ConfigurationError(f"a trainer feed position must be what FeedPosition.to_json wrote; got "
-                                     f"{text[:80]!r} ({exc})") from None
+            raise ConfigurationError(
+                f"a trainer feed position must be what FeedPosition.to_json wrote; got {text[:80]!r} ({exc})"
+            ) from None
 
 
 @dataclass
@@ -99,13 +128,20 @@ class PromptGroup:
     def rewards(self) -> list[float]:
         return [float("nan") if r.reward is None else float(r.reward) for r in self.records]
 
-    def tensors(self, pad_id: int = 0) -> dict:
+    def tensors(self, pad_id: int = 0) -> dict[str, Any]:
         """The group as one right-padded batch: ``input_ids`` int64 [G, T], ``logprobs`` float32
         [G, T], ``loss_mask`` and ``attention_mask`` bool [G, T], ``rewards`` float32 [G],
         ``policy_versions`` (per rollout, the versions that sampled its tokens). One rollout's
         own tensors, with its per-segment labels: ``group.records[i].tensors()``."""
         import torch
 
+        split = [r.rollout_id for r in self.records if len(r.sequence_starts)]
+        if split:
+            raise ValueError(
+                f"group {self.group_id}: rollouts {', '.join(split)} hold several token sequences "
+                "(model.history_policy new_sequence): one row each would attend across them; "
+                "take them per record (record.sequence_bounds(), tensors()['sequence_id'])"
+            )
         n = len(self.records)
         width = max((len(r.input_ids) for r in self.records), default=0)
         input_ids = np.full((n, width), pad_id, dtype=np.int64)
@@ -114,13 +150,22 @@ class PromptGroup:
         attention = np.zeros((n, width), dtype=bool)
         for i, r in enumerate(self.records):
             k = len(r.input_ids)
-            input_ids[i, :k], logprobs[i, :k], loss_mask[i, :k], attention[i, :k] = \
-                r.input_ids, r.logprobs, r.loss_mask, True
-        return {"group_id": self.group_id, "rollout_ids": self.rollout_ids,
-                "input_ids": torch.from_numpy(input_ids), "logprobs": torch.from_numpy(logprobs),
-                "loss_mask": torch.from_numpy(loss_mask), "attention_mask": torch.from_numpy(attention),
-                "rewards": torch.tensor(self.rewards, dtype=torch.float32),
-                "policy_versions": [sorted({s.policy_version for s in r.token_segments}) for r in self.records]}
+            input_ids[i, :k], logprobs[i, :k], loss_mask[i, :k], attention[i, :k] = (
+                r.input_ids,
+                r.logprobs,
+                r.loss_mask,
+                True,
+            )
+        return {
+            "group_id": self.group_id,
+            "rollout_ids": self.rollout_ids,
+            "input_ids": torch.from_numpy(input_ids),
+            "logprobs": torch.from_numpy(logprobs),
+            "loss_mask": torch.from_numpy(loss_mask),
+            "attention_mask": torch.from_numpy(attention),
+            "rewards": torch.tensor(self.rewards, dtype=torch.float32),
+            "policy_versions": [sorted({s.policy_version for s in r.token_segments}) for r in self.records],
+        }
 
 
 @dataclass(frozen=True)
@@ -141,6 +186,24 @@ class WaitingGroup:
         return self.size - len(self.arrived)
 
 
+@dataclass(frozen=True)
+class DroppedGroup:
+    """A group the feed resolved without handing it on: a sibling was given up. Its records were
+    consumed (the position moved past them; acknowledged, with an acknowledger)."""
+
+    group_id: str
+    rollout_ids: tuple[str, ...]  # every sibling, sorted
+    given_up: tuple[str, ...]  # those given up, sorted
+    locations: tuple[RecordLocation, ...]  # where each of ``rollout_ids``' records lies, in that order
+
+
+def given_up(record: TrainingRecord) -> bool:
+    """Whether a results record is a given-up rollout's (no tokens, no reward), not a result."""
+    # TrainingRecord.v2 says so (status); a v1 record by finished=False, as only a given-up
+    # rollout publishes an unfinished record on the results stream
+    return record.status == RECORD_GIVEN_UP or not record.finished
+
+
 @dataclass
 class _Pending:
     results: dict[str, PublishedResult] = field(default_factory=dict)  # rollout -> its record
@@ -151,13 +214,20 @@ class TrainerFeed:
     """Complete prompt groups from a journal's results stream, exactly once with the trainer's
     checkpoint. Not thread-safe: one trainer loop reads it."""
 
-    def __init__(self, backend: Backend, position: FeedPosition | None = None, *,
-                 acknowledger: Journal | None = None, trainer: str = "trainer",
-                 follower: ResultsFollower | None = None) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        position: FeedPosition | None = None,
+        *,
+        acknowledger: Journal | None = None,
+        trainer: str = "trainer",
+        follower: ResultsFollower | None = None,
+    ) -> None:
         """``backend``: the journal opened for reading (``open_backend(location, read_only=True)``).
         ``position``: what the trainer's checkpoint saved (None: the stream's start).
-        ``acknowledger``: a journal this trainer may write acknowledgements through (Kafka: one
-        with a transactional id of its own; a file journal: the worker's own, in its process)."""
+        ``acknowledger``: a journal this trainer may write acknowledgements through (Kafka: any
+        writable one, ``open_journal(url, mode="plain")`` is enough: the requests go to
+        ``<namespace>.acks``; a file journal: the worker's own, in its process)."""
         self.backend = backend
         start = position or FeedPosition()
         self._follower = follower or follow_results(backend, start.offsets)
@@ -175,7 +245,8 @@ class TrainerFeed:
         self._window: dict[int, deque[tuple[int, str]]] = {p: deque() for p in range(backend.partitions)}
         self._in_window: Counter[str] = Counter()
         self._ready: deque[PromptGroup] = deque()
-        self._unacked: dict[str, list[tuple]] = {}  # group -> its rollouts' acknowledgement entries
+        self._unacked: dict[str, list[AckEntry]] = {}  # group -> its rollouts' acknowledgement entries
+        self._dropped: list[DroppedGroup] = []
         self.acknowledger = acknowledger
         self.trainer = trainer
         self.records_read = 0
@@ -195,8 +266,9 @@ class TrainerFeed:
             self._take(self._follower.poll(timeout_s))
         return self._ready.popleft() if self._ready else None
 
-    def groups(self, limit: int | None = None, idle_timeout_s: float | None = None,
-               poll_s: float = 0.5) -> Iterator[PromptGroup]:
+    def groups(
+        self, limit: int | None = None, idle_timeout_s: float | None = None, poll_s: float = 0.5
+    ) -> Iterator[PromptGroup]:
         """Complete groups as they come: ``limit`` of them, or until nothing completes for
         ``idle_timeout_s`` (None: forever)."""
         handed, idle = 0, 0.0
@@ -211,7 +283,7 @@ class TrainerFeed:
             handed += 1
             yield group
 
-    def _take(self, stored: list) -> None:
+    def _take(self, stored: list[StoredRecord]) -> None:
         for record in stored:
             self.records_read += 1
             published = self._decoder.add(record)
@@ -241,14 +313,27 @@ class TrainerFeed:
                 self._complete(group_id)
 
     def _complete(self, group_id: str) -> None:
+        """Every sibling of the group has a record: hand it on, or drop it if one was given up."""
         pending = self._pending.pop(group_id)
         self._released.update((r.location.partition, r.location.offset) for r in pending.results.values())
         self._delivered.add(group_id)
         self._handed.add(group_id)
         records = [pending.results[rid].record for rid in sorted(pending.results)]
+        lost = tuple(r.rollout_id for r in records if given_up(r))
+        if lost:
+            where = tuple(pending.results[r.rollout_id].location for r in records)
+            self._dropped.append(DroppedGroup(group_id, tuple(r.rollout_id for r in records), lost, where))
+            log.warning("group %s dropped: its rollouts %s were given up", group_id, ", ".join(lost))
+            if self.acknowledger is not None:
+                self._acknowledge_dropped([_ack_entry(r) for r in records])
+            return
         if self.acknowledger is not None:  # without one there is nothing a successor could acknowledge
             self._unacked[group_id] = [_ack_entry(r) for r in records]
         self._ready.append(PromptGroup(group_id, records, self.position()))
+
+    def dropped(self) -> list[DroppedGroup]:
+        """The groups dropped so far because a sibling was given up, in the order they resolved."""
+        return list(self._dropped)
 
     def waiting(self) -> list[WaitingGroup]:
         """The groups read but not complete yet, in the order their first records were read."""
@@ -256,8 +341,11 @@ class TrainerFeed:
         for group_id, pending in self._pending.items():
             arrived = tuple(sorted(pending.results))
             first = next(iter(pending.results.values())).location  # results keep the order they were read in
-            groups.append(WaitingGroup(group_id, pending.size, arrived, first,
-                                       tuple(pending.results[rid].location for rid in arrived)))
+            groups.append(
+                WaitingGroup(
+                    group_id, pending.size, arrived, first, tuple(pending.results[rid].location for rid in arrived)
+                )
+            )
         return groups
 
     def position(self) -> FeedPosition:
@@ -284,36 +372,51 @@ class TrainerFeed:
         unacked = tuple(entry for entries in self._unacked.values() for entry in entries)
         return FeedPosition(offsets, frozenset(self._delivered), unacked)
 
-    def acknowledge(self, group: PromptGroup) -> list[Future]:
+    def acknowledge(self, group: PromptGroup) -> list[Future[AppendReceipt]]:
         """Journal that the trainer took ``group`` (call once its step is durable): per rollout,
         ``RolloutAcknowledged`` after its ``RolloutFinished``, its snapshots tombstoned, its fence
         marked. Returns the appends' futures."""
         if self.acknowledger is None:
-            raise ConfigurationError("this TrainerFeed has no acknowledger: pass acknowledger=Journal(...) (Kafka: "
-                                     "opened with a transactional id of the trainer's own) to acknowledge groups")
+            raise ConfigurationError(
+                "this TrainerFeed has no acknowledger: pass acknowledger=Journal(...) (Kafka: "
+                "opened with a transactional id of the trainer's own) to acknowledge groups"
+            )
         futures = [self._acknowledge(entry) for entry in map(_ack_entry, group.records)]
         self._unacked.pop(group.group_id, None)
         return futures
 
-    def _acknowledge(self, entry: tuple) -> Future:
+    def _acknowledge(self, entry: AckEntry) -> Future[AppendReceipt]:
         rollout_id, group_id, attempt, epoch, turn, seq, attempts = entry
-        header = Header(rollout_id, group_id, attempt, epoch, turn, seq + 1, Header.now_ms(), self.trainer)
+        # where the rollout stands after its RolloutFinished: the acknowledgement follows it
+        after = RolloutProgress(rollout_id, group_id, attempt, epoch, next_turn=turn, next_seq=seq + 1)
         assert self.acknowledger is not None
-        return self.acknowledger.acknowledge(header, self.trainer, attempts=[FenceEntry(*a) for a in attempts])
+        event = after.acknowledgement(self.trainer, self.trainer)
+        return self.acknowledger.request_acknowledgement(event, attempts=[FenceEntry(*a) for a in attempts])
 
-    def _acknowledge_left_over(self, entries: tuple[tuple, ...]) -> None:
+    def _acknowledge_dropped(self, entries: list[AckEntry]) -> None:
+        """Acknowledge a dropped group's rollouts, unless the journal shows them done: a feed
+        resumed from a position before the group drops it again, and a second
+        ``RolloutAcknowledged`` would repeat a sequence number."""
+        assert self.acknowledger is not None
+        fences = self.acknowledger.snapshots({self.acknowledger.partition_of(e[0]) for e in entries}).fences
+        for future in [self._acknowledge(e) for e in entries if not (e[0] in fences and fences[e[0]].acknowledged)]:
+            future.result()
+
+    def _acknowledge_left_over(self, entries: tuple[AckEntry, ...]) -> None:
         """Acknowledge what the saved position says was taken, unless the journal shows it done:
         a second ``RolloutAcknowledged`` would repeat a sequence number."""
         assert self.acknowledger is not None
-        fences = self.acknowledger.snapshots(
-            {self.acknowledger.partition_of(e[0]) for e in entries}).fences
+        fences = self.acknowledger.snapshots({self.acknowledger.partition_of(e[0]) for e in entries}).fences
         todo = [e for e in entries if not (e[0] in fences and fences[e[0]].acknowledged)]
         for future in [self._acknowledge(e) for e in todo]:
             future.result()
         self.reacknowledged = [e[0] for e in todo]
         if todo:
-            log.info("acknowledged %d rollouts the previous trainer took but did not acknowledge: %s",
-                     len(todo), ", ".join(self.reacknowledged))
+            log.info(
+                "acknowledged %d rollouts the previous trainer took but did not acknowledge: %s",
+                len(todo),
+                ", ".join(self.reacknowledged),
+            )
 
     def close(self) -> None:
         self._follower.close()
@@ -325,8 +428,14 @@ class TrainerFeed:
         self.close()
 
 
-def _ack_entry(r: TrainingRecord) -> tuple:
+def _ack_entry(r: TrainingRecord) -> AckEntry:
     h = r.header
-    return (h.rollout_id, h.group_id, h.attempt, h.epoch, h.turn, h.seq,
-            tuple((a.attempt, a.epoch, a.seq, a.writer, a.ts_ms) for a in r.attempts))
-
+    return (
+        h.rollout_id,
+        h.group_id,
+        h.attempt,
+        h.epoch,
+        h.turn,
+        h.seq,
+        tuple((a.attempt, a.epoch, a.seq, a.writer, a.ts_ms) for a in r.attempts),
+    )

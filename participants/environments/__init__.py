@@ -6,21 +6,21 @@ examples: ``workplace`` (event-sourced), ``counter`` (exportable), ``sandbox`` (
 
 from __future__ import annotations
 
-from participants.environments.base import (
+from rollout_journal.participants.environments.base import (
     Environment,
     Observation,
     StepContext,
     StepMutations,
 )
-from participants.environments.registry import (
+from rollout_journal.participants.environments.registry import (
     ENTRY_POINT_GROUP,
     ENVIRONMENTS,
     UnknownEnvironmentError,
     environment_class,
     make_environment,
 )
-from participants.environments.tasks import Task, TaskFileError, load_tasks
-from participants.environments.tool_calls import (
+from rollout_journal.participants.environments.tasks import Task, TaskFileError, load_tasks
+from rollout_journal.participants.environments.tool_calls import (
     ToolCall,
     ToolCallError,
     parse_tool_call,

@@ -24,6 +24,13 @@ Anything the model says that is no valid call (a string outside the action list,
 that does not parse, an unknown function, bad arguments) becomes an observation for
 the model, never an exception: only fencing, revision and idempotency errors (the
 attempt must stop) and infrastructure failures leave :meth:`Environment.step`.
+
+The environment classifies what went wrong. What the action itself caused is the
+policy's doing: raise :class:`~participants.resources.PolicyFault` (or let a resource
+raise ``OperationRejectedError``) before anything changed, and the model is told as an
+observation; the rollout goes on and is scored (the sandbox answers code that runs too
+long this way). Any other exception is an infrastructure failure: the attempt fails
+(``RolloutFailed``) and the workload's ``failure_policy`` retries it or gives it up.
 """
 
 from __future__ import annotations
@@ -36,19 +43,20 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, ClassVar
 
-from journal.errors import ConfigurationError, RolloutJournalError
-from participants.environments.tasks import Task
-from participants.environments.tool_calls import (
+from rollout_journal.journal.errors import ConfigurationError, RolloutJournalError
+from rollout_journal.participants.environments.tasks import Task
+from rollout_journal.participants.environments.tool_calls import (
     ToolCall,
     ToolCallError,
     argument_text,
     looks_like_tool_call,
     parse_tool_call,
 )
-from participants.resources import (
+from rollout_journal.participants.resources import (
     MutationRecord,
     MutationRequest,
     OperationRejectedError,
+    PolicyFault,
     Recovery,
     Resource,
     ResourceError,
@@ -125,6 +133,11 @@ class StepContext:
         return MutationRequest(self.rollout_id, self.attempt, self.epoch, key, resource.revision)
 
 
+def _fault_observation(exc: Exception) -> Observation:
+    """What the model is told of its own action's fault."""
+    return Observation(f"Error: {exc}", done=isinstance(exc, PolicyFault) and exc.ends_episode)
+
+
 def split_call(action: str) -> tuple[str, str]:
     """``"mail.send(to=a, subject=b)"`` -> ``("mail.send", "to=a, subject=b")``."""
     match = _CALL.match(action)
@@ -175,6 +188,12 @@ class Environment(ABC):
     def task_prompt(self) -> str:
         """The user's instruction for this task."""
 
+    def tools(self) -> list[dict[str, Any]] | None:
+        """The functions the model may call, as JSON schemas (OpenAI's ``tools``), for the chat
+        template to show it; fixed for a rollout (a changing list would rewrite its history).
+        None (the default): the template shows none; a dataset row's ``tools`` take precedence."""
+        return None
+
     @abstractmethod
     def action_space(self) -> list[str]:
         """Valid tool-call strings now, in a deterministic order; always ends with ``submit()``."""
@@ -208,8 +227,8 @@ class Environment(ABC):
         mutations = StepMutations(request_for)
         try:
             text = self._perform(action, mutations)
-        except OperationRejectedError as exc:
-            text = f"Error: {exc}"
+        except (OperationRejectedError, PolicyFault) as exc:
+            return _fault_observation(exc), mutations.records
         return Observation(text), mutations.records
 
     def _step_tool_call(self, call: ToolCall, request_for: RequestFor) -> tuple[Observation, list[MutationRecord]]:
@@ -218,8 +237,8 @@ class Environment(ABC):
         mutations = StepMutations(request_for)
         try:
             text = self._call_tool(call, mutations)
-        except (ToolCallError, OperationRejectedError, UnknownOperationError) as exc:
-            text = f"Error: {exc}"
+        except (ToolCallError, OperationRejectedError, UnknownOperationError, PolicyFault) as exc:
+            return _fault_observation(exc), mutations.records
         except (KeyError, TypeError, ValueError) as exc:  # the environment's code choked on the arguments
             if isinstance(exc, RolloutJournalError):
                 raise
@@ -302,8 +321,9 @@ class Environment(ABC):
                 )
             resource.replay(record)
 
-    def restore(self, exports: Mapping[str, bytes], mutations: Sequence[MutationRecord], *,
-                fence_epoch: int | None = None) -> None:
+    def restore(
+        self, exports: Mapping[str, bytes], mutations: Sequence[MutationRecord], *, fence_epoch: int | None = None
+    ) -> None:
         """Bring this freshly built environment to a journaled point: import the exports of the
         rollout's last snapshot, re-apply the mutations journaled since, then fence the next
         attempt's epoch (imports carry older fences). A ``ResourceError`` means this snapshot
@@ -313,14 +333,16 @@ class Environment(ABC):
             if resource is None:
                 raise ConfigurationError(
                     f"rollout {self.rollout_id}: its snapshot holds resource {resource_id!r}, which environment "
-                    f"{self.name!r} does not have; was the workload's environment changed?")
+                    f"{self.name!r} does not have; was the workload's environment changed?"
+                )
             resource.import_state(exported)
         self.replay(mutations)
         if fence_epoch is not None:
             self.fence(self.rollout_id, fence_epoch)
 
-    async def arestore(self, exports: Mapping[str, bytes], mutations: Sequence[MutationRecord], *,
-                       fence_epoch: int | None = None) -> None:
+    async def arestore(
+        self, exports: Mapping[str, bytes], mutations: Sequence[MutationRecord], *, fence_epoch: int | None = None
+    ) -> None:
         """:meth:`restore`, awaitable. The agent calls it live only on an environment whose resources
         live elsewhere and were lost (a restarted resource server); ``{}`` and ``[]`` mean the
         task's initial state."""
@@ -345,5 +367,7 @@ class Environment(ABC):
     def __enter__(self) -> Environment:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()

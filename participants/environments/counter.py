@@ -11,15 +11,15 @@ import copy
 import random
 from typing import Any
 
-from participants.environments.base import (
+from rollout_journal.participants.environments.base import (
     SUBMIT,
     Environment,
     StepMutations,
     parse_kwargs,
     split_call,
 )
-from participants.environments.tasks import Task
-from participants.resources import OperationRejectedError, Recovery, Resource
+from rollout_journal.participants.environments.tasks import Task
+from rollout_journal.participants.resources import OperationRejectedError, Recovery, Resource
 
 __all__ = ["CounterStore", "CounterEnvironment", "COUNTER_NAMES"]
 
@@ -44,9 +44,11 @@ class CounterStore(Resource):
         return dict(self._counters)
 
     def _name(self, op: str, args: dict[str, Any]) -> str:
-        name = self._arg(op, args, "name")
+        name: str = self._arg(op, args, "name")  # checked a str
         if name not in self._counters:
-            raise OperationRejectedError(f"counter store {self.resource_id!r} has no counter {name!r}; counters: {', '.join(sorted(self._counters))}")
+            raise OperationRejectedError(
+                f"counter store {self.resource_id!r} has no counter {name!r}; counters: {', '.join(sorted(self._counters))}"
+            )
         return name
 
     def _apply(self, op: str, args: dict[str, Any]) -> dict[str, Any]:

@@ -19,12 +19,12 @@ from __future__ import annotations
 import importlib
 from importlib.metadata import entry_points
 
-from journal.errors import RolloutJournalError
-from participants.environments.base import Environment
-from participants.environments.counter import CounterEnvironment
-from participants.environments.sandbox import SandboxEnvironment
-from participants.environments.tasks import Task
-from participants.environments.workplace import WorkplaceEnvironment
+from rollout_journal.journal.errors import RolloutJournalError
+from rollout_journal.participants.environments.base import Environment
+from rollout_journal.participants.environments.counter import CounterEnvironment
+from rollout_journal.participants.environments.sandbox import SandboxEnvironment
+from rollout_journal.participants.environments.tasks import Task
+from rollout_journal.participants.environments.workplace import WorkplaceEnvironment
 
 __all__ = ["ENTRY_POINT_GROUP", "ENVIRONMENTS", "UnknownEnvironmentError", "environment_class", "make_environment"]
 
@@ -52,14 +52,17 @@ def environment_class(name: str) -> type[Environment]:
         try:
             loaded = found[0].load()
         except (ImportError, AttributeError) as exc:
-            raise UnknownEnvironmentError(f"environment {name!r} (entry point {found[0].value!r} of group "
-                                          f"{ENTRY_POINT_GROUP}) does not load: {exc}") from exc
+            raise UnknownEnvironmentError(
+                f"environment {name!r} (entry point {found[0].value!r} of group "
+                f"{ENTRY_POINT_GROUP}) does not load: {exc}"
+            ) from exc
         return _checked(name, loaded)
     registered = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
     known = sorted(ENVIRONMENTS) + registered
     raise UnknownEnvironmentError(
         f"no environment named {name!r}; known environments: {', '.join(known)}; or name your own as "
-        f"package.module:Class, or register it in the entry point group {ENTRY_POINT_GROUP}")
+        f"package.module:Class, or register it in the entry point group {ENTRY_POINT_GROUP}"
+    )
 
 
 def make_environment(name: str, rollout_id: str, task: Task | int) -> Environment:
@@ -72,18 +75,24 @@ def _import(name: str) -> object:
     try:
         target: object = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UnknownEnvironmentError(f"environment {name!r}: module {module_name!r} cannot be imported ({exc}); "
-                                      "is its package installed or on PYTHONPATH?") from exc
+        raise UnknownEnvironmentError(
+            f"environment {name!r}: module {module_name!r} cannot be imported ({exc}); "
+            "is its package installed or on PYTHONPATH?"
+        ) from exc
     for part in attribute.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
-            raise UnknownEnvironmentError(f"environment {name!r}: module {module_name!r} has no {attribute!r}") from None
+            raise UnknownEnvironmentError(
+                f"environment {name!r}: module {module_name!r} has no {attribute!r}"
+            ) from None
     return target
 
 
 def _checked(name: str, loaded: object) -> type[Environment]:
     if not (isinstance(loaded, type) and issubclass(loaded, Environment)):
-        raise UnknownEnvironmentError(f"environment {name!r} is {loaded!r}, not a subclass of "
-                                      "participants.environments.Environment")
+        raise UnknownEnvironmentError(
+            f"environment {name!r} is {loaded!r}, not a subclass of "
+            "rollout_journal.participants.environments.Environment"
+        )
     return loaded

@@ -23,8 +23,10 @@ from typing import Any
 
 __all__ = ["ToolCall", "ToolCallError", "argument_text", "looks_like_tool_call", "parse_tool_call"]
 
-_WRAPPERS = (re.compile(r"^<tool_call>\s*(.*?)\s*</tool_call>$", re.DOTALL),
-             re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL))
+_WRAPPERS = (
+    re.compile(r"^<tool_call>\s*(.*?)\s*</tool_call>$", re.DOTALL),
+    re.compile(r"^```(?:json)?\s*(.*?)\s*```$", re.DOTALL),
+)
 
 
 class ToolCallError(ValueError):
@@ -40,8 +42,9 @@ class ToolCall:
 
     def to_json(self) -> str:
         """The call as compact JSON, keys in a fixed order (what a constrained action list offers)."""
-        return json.dumps({"name": self.name, "arguments": dict(self.arguments)}, separators=(",", ":"),
-                          ensure_ascii=False)
+        return json.dumps(
+            {"name": self.name, "arguments": dict(self.arguments)}, separators=(",", ":"), ensure_ascii=False
+        )
 
     def as_action(self) -> str:
         """``name(k=v, ...)``: the action-string spelling of the same call."""

@@ -16,17 +16,26 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from participants.environments.base import (
+from rollout_journal.participants.environments.base import (
     SUBMIT,
     Environment,
     StepMutations,
     parse_kwargs,
     split_call,
 )
-from participants.environments.tasks import Task
-from participants.resources import OperationRejectedError, Recovery, Resource
+from rollout_journal.participants.environments.tasks import Task
+from rollout_journal.participants.resources import OperationRejectedError, Recovery, Resource
 
-__all__ = ["Mailbox", "Calendar", "CustomerRecords", "WorkplaceTask", "WorkplaceEnvironment", "CUSTOMERS", "DAYS", "HOURS"]
+__all__ = [
+    "Mailbox",
+    "Calendar",
+    "CustomerRecords",
+    "WorkplaceTask",
+    "WorkplaceEnvironment",
+    "CUSTOMERS",
+    "DAYS",
+    "HOURS",
+]
 
 CUSTOMERS: dict[str, str] = {"acme": "alice", "globex": "bob", "initech": "carol", "umbrella": "dave", "hooli": "erin"}
 DAYS: tuple[str, ...] = ("mon", "tue", "wed", "thu", "fri")
@@ -45,6 +54,39 @@ def _slot_order(slot: tuple[str, int]) -> tuple[int, int]:
 
 
 # ----------------------------------------------------------------- resources
+
+
+# name, arguments, what it does: the functions its action strings call (submit() ends the episode)
+WORKPLACE_TOOLS: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("mail.list", (), "List the inbox"),
+    ("mail.search", ("q",), "Search mail by customer"),
+    ("mail.read", ("id",), "Read one message"),
+    ("mail.delete", ("id",), "Delete one message"),
+    ("mail.send", ("to", "subject"), "Send a message"),
+    ("calendar.list", (), "List the calendar's events"),
+    ("calendar.free", ("day",), "Free hours of a day"),
+    ("calendar.create", ("day", "hour", "with"), "Create an event"),
+    ("calendar.cancel", ("id",), "Cancel an event"),
+    ("crm.lookup", ("customer",), "Look up a customer record"),
+    ("crm.update", ("customer", "next_meeting"), "Set a customer's next meeting"),
+    ("crm.note", ("customer", "text"), "Add a note to a customer record"),
+    ("submit", (), "End the task"),
+)
+
+
+def _tool(name: str, params: tuple[str, ...], doc: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": doc,
+            "parameters": {
+                "type": "object",
+                "properties": {p: {"type": "string"} for p in params},
+                "required": list(params),
+            },
+        },
+    }
 
 
 class Mailbox(Resource):
@@ -71,7 +113,9 @@ class Mailbox(Resource):
         for email in self._inbox:
             if email["id"] == email_id:
                 return email
-        raise OperationRejectedError(f"mailbox {self.resource_id!r}: {op} found no inbox email {email_id!r}; list the inbox for valid ids")
+        raise OperationRejectedError(
+            f"mailbox {self.resource_id!r}: {op} found no inbox email {email_id!r}; list the inbox for valid ids"
+        )
 
     def _apply(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if op == "send_email":
@@ -133,7 +177,9 @@ class Calendar(Resource):
         return copy.deepcopy(self._events)
 
     def _confirmed(self) -> list[dict[str, Any]]:
-        return sorted((e for e in self._events if e["status"] == "confirmed"), key=lambda e: _slot_order((e["day"], e["hour"])))
+        return sorted(
+            (e for e in self._events if e["status"] == "confirmed"), key=lambda e: _slot_order((e["day"], e["hour"]))
+        )
 
     def _apply(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
         if op == "create_event":
@@ -141,10 +187,21 @@ class Calendar(Resource):
             who = self._arg(op, args, "with")
             title = self._arg(op, args, "title", str, default=f"meeting with {who}")
             if day not in DAYS or hour not in HOURS:
-                raise OperationRejectedError(f"calendar {self.resource_id!r}: {day} {hour}:00 is outside working hours ({DAYS[0]}-{DAYS[-1]}, {HOURS[0]}-{HOURS[-1]})")
+                raise OperationRejectedError(
+                    f"calendar {self.resource_id!r}: {day} {hour}:00 is outside working hours ({DAYS[0]}-{DAYS[-1]}, {HOURS[0]}-{HOURS[-1]})"
+                )
             if any(e["day"] == day and e["hour"] == hour for e in self._confirmed()):
-                raise OperationRejectedError(f"calendar {self.resource_id!r}: {day} {hour}:00 is already taken; query free slots first")
-            event = {"id": f"e{self._next_id}", "day": day, "hour": hour, "with": who, "title": title, "status": "confirmed"}
+                raise OperationRejectedError(
+                    f"calendar {self.resource_id!r}: {day} {hour}:00 is already taken; query free slots first"
+                )
+            event = {
+                "id": f"e{self._next_id}",
+                "day": day,
+                "hour": hour,
+                "with": who,
+                "title": title,
+                "status": "confirmed",
+            }
             self._events.append(event)
             self._next_id += 1
             return {"id": event["id"], "day": day, "hour": hour, "with": who}
@@ -163,7 +220,9 @@ class Calendar(Resource):
         if op == "free":
             day = self._arg(op, args, "day")
             if day not in DAYS:
-                raise OperationRejectedError(f"calendar {self.resource_id!r}: unknown day {day!r}; use one of {', '.join(DAYS)}")
+                raise OperationRejectedError(
+                    f"calendar {self.resource_id!r}: unknown day {day!r}; use one of {', '.join(DAYS)}"
+                )
             busy = {e["hour"] for e in self._confirmed() if e["day"] == day}
             return {"day": day, "free_hours": [h for h in HOURS if h not in busy]}
         raise self._unknown(op, ("list", "free"))
@@ -197,7 +256,9 @@ class CustomerRecords(Resource):
 
     def _record(self, op: str, customer: str) -> dict[str, Any]:
         if customer not in self._records:
-            raise OperationRejectedError(f"crm {self.resource_id!r}: {op} found no customer {customer!r}; known: {', '.join(sorted(self._records))}")
+            raise OperationRejectedError(
+                f"crm {self.resource_id!r}: {op} found no customer {customer!r}; known: {', '.join(sorted(self._records))}"
+            )
         return self._records[customer]
 
     def _apply(self, op: str, args: dict[str, Any]) -> dict[str, Any]:
@@ -205,7 +266,9 @@ class CustomerRecords(Resource):
             customer, field, value = (self._arg(op, args, n) for n in ("customer", "field", "value"))
             record = self._record(op, customer)
             if field not in CRM_FIELDS:
-                raise OperationRejectedError(f"crm {self.resource_id!r}: field {field!r} cannot be updated; updatable: {', '.join(CRM_FIELDS)}")
+                raise OperationRejectedError(
+                    f"crm {self.resource_id!r}: field {field!r} cannot be updated; updatable: {', '.join(CRM_FIELDS)}"
+                )
             old = record[field]
             record[field] = value
             return {"customer": customer, "field": field, "old": old, "new": value}
@@ -269,17 +332,31 @@ class WorkplaceTask:
         rng.shuffle(drafts)
         events, old_event_id = [], ""
         for i, d in enumerate(drafts, start=1):
-            events.append({"id": f"e{i}", "day": d["slot"][0], "hour": d["slot"][1], "with": d["with"],
-                           "title": f"meeting with {d['with']}", "status": "confirmed"})
+            events.append(
+                {
+                    "id": f"e{i}",
+                    "day": d["slot"][0],
+                    "hour": d["slot"][1],
+                    "with": d["with"],
+                    "title": f"meeting with {d['with']}",
+                    "status": "confirmed",
+                }
+            )
             if d["slot"] == old:
                 old_event_id = f"e{i}"
 
         mails: list[dict[str, Any]] = [
-            {"from": contact, "subject": f"Moving our {customer} meeting",
-             "body": f"Hi, can we move our {customer} meeting from {slot_name(*old)} to {slot_name(*new)}? Thanks, {contact}",
-             "request": True},
-            {"from": other_contact, "subject": "Invoice question",
-             "body": f"{other_customer} has a question about the last invoice; could we meet {slot_name(*dist_a)}?"},
+            {
+                "from": contact,
+                "subject": f"Moving our {customer} meeting",
+                "body": f"Hi, can we move our {customer} meeting from {slot_name(*old)} to {slot_name(*new)}? Thanks, {contact}",
+                "request": True,
+            },
+            {
+                "from": other_contact,
+                "subject": "Invoice question",
+                "body": f"{other_customer} has a question about the last invoice; could we meet {slot_name(*dist_a)}?",
+            },
             {"from": "hr", "subject": "Team lunch", "body": f"Team lunch is at {slot_name(*dist_b)}."},
         ]
         rng.shuffle(mails)
@@ -290,13 +367,23 @@ class WorkplaceTask:
                 request_id = f"m{i}"
 
         meetings = {d["with"]: slot_name(*d["slot"]) for d in drafts}
-        records = {c: {"contact": CUSTOMERS[c], "next_meeting": meetings.get(c, "none"), "status": "active", "notes": []}
-                   for c in sorted(CUSTOMERS)}
+        records = {
+            c: {"contact": CUSTOMERS[c], "next_meeting": meetings.get(c, "none"), "status": "active", "notes": []}
+            for c in sorted(CUSTOMERS)
+        }
         return cls(
-            customer=customer, contact=contact, other_customer=other_customer, other_contact=other_contact,
-            old_slot=old, new_slot=new, candidate_slots=tuple(sorted((new, dist_a, dist_b), key=_slot_order)),
-            old_event_id=old_event_id, request_email_id=request_id,
-            inbox=inbox, events=events, records=records,
+            customer=customer,
+            contact=contact,
+            other_customer=other_customer,
+            other_contact=other_contact,
+            old_slot=old,
+            new_slot=new,
+            candidate_slots=tuple(sorted((new, dist_a, dist_b), key=_slot_order)),
+            old_event_id=old_event_id,
+            request_email_id=request_id,
+            inbox=inbox,
+            events=events,
+            records=records,
         )
 
     def initial_inbox(self) -> list[dict[str, Any]]:
@@ -317,8 +404,13 @@ class WorkplaceEnvironment(Environment):
 
     name = "workplace"
     GOALS: tuple[str, ...] = (
-        "old event cancelled", "new event created", "contact emailed", "crm next_meeting set",
-        "crm note 'moved' added", "request marked read", "nothing else changed",
+        "old event cancelled",
+        "new event created",
+        "contact emailed",
+        "crm next_meeting set",
+        "crm note 'moved' added",
+        "request marked read",
+        "nothing else changed",
     )
 
     def __init__(self, rollout_id: str, task: Task | int) -> None:
@@ -330,12 +422,23 @@ class WorkplaceEnvironment(Environment):
         for resource in (self.mail, self.calendar, self.crm):
             self._add_resource(resource)
         self._handlers: dict[str, Callable[[dict[str, str], StepMutations], str]] = {
-            "mail.list": self._mail_list, "mail.search": self._mail_search, "mail.read": self._mail_read,
-            "mail.delete": self._mail_delete, "mail.send": self._mail_send,
-            "calendar.list": self._calendar_list, "calendar.free": self._calendar_free,
-            "calendar.create": self._calendar_create, "calendar.cancel": self._calendar_cancel,
-            "crm.lookup": self._crm_lookup, "crm.update": self._crm_update, "crm.note": self._crm_note,
+            "mail.list": self._mail_list,
+            "mail.search": self._mail_search,
+            "mail.read": self._mail_read,
+            "mail.delete": self._mail_delete,
+            "mail.send": self._mail_send,
+            "calendar.list": self._calendar_list,
+            "calendar.free": self._calendar_free,
+            "calendar.create": self._calendar_create,
+            "calendar.cancel": self._calendar_cancel,
+            "crm.lookup": self._crm_lookup,
+            "crm.update": self._crm_update,
+            "crm.note": self._crm_note,
         }
+
+    def tools(self) -> list[dict[str, Any]]:
+        """Its functions as JSON schemas (string arguments, as its action strings spell them)."""
+        return [_tool(name, params, doc) for name, params, doc in WORKPLACE_TOOLS]
 
     def task_prompt(self) -> str:
         t = self.world
@@ -362,7 +465,9 @@ class WorkplaceEnvironment(Environment):
         actions += [f"mail.send(to={c}, subject=meeting-{slot_name(*s)})" for c in contacts for s in t.candidate_slots]
         actions += ["calendar.list()"]
         actions += [f"calendar.free(day={d})" for d in days]
-        actions += [f"calendar.create(day={d}, hour={h}, with={t.customer})" for d, h in t.candidate_slots if (d, h) not in busy]
+        actions += [
+            f"calendar.create(day={d}, hour={h}, with={t.customer})" for d, h in t.candidate_slots if (d, h) not in busy
+        ]
         actions += [f"calendar.cancel(id={e['id']})" for e in confirmed]
         actions += [f"crm.lookup(customer={c})" for c in customers]
         actions += [f"crm.update(customer={t.customer}, next_meeting={slot_name(*s)})" for s in t.candidate_slots]
@@ -399,7 +504,9 @@ class WorkplaceEnvironment(Environment):
         return f"Deleted {kw['id']}."
 
     def _mail_send(self, kw: dict[str, str], m: StepMutations) -> str:
-        result = m.apply(self.mail, "send_email", {"to": kw["to"], "subject": kw["subject"], "body": f"Confirming {kw['subject']}."})
+        result = m.apply(
+            self.mail, "send_email", {"to": kw["to"], "subject": kw["subject"], "body": f"Confirming {kw['subject']}."}
+        )
         return f"Sent {result['id']} to {kw['to']} with subject {kw['subject']}."
 
     def _calendar_list(self, kw: dict[str, str], m: StepMutations) -> str:
@@ -424,7 +531,11 @@ class WorkplaceEnvironment(Environment):
         return f"{kw['customer']}: contact {r['contact']}, next_meeting {r['next_meeting']}, status {r['status']}, notes: {notes}"
 
     def _crm_update(self, kw: dict[str, str], m: StepMutations) -> str:
-        result = m.apply(self.crm, "update_record", {"customer": kw["customer"], "field": "next_meeting", "value": kw["next_meeting"]})
+        result = m.apply(
+            self.crm,
+            "update_record",
+            {"customer": kw["customer"], "field": "next_meeting", "value": kw["next_meeting"]},
+        )
         return f"{kw['customer']}.next_meeting: {result['old']} -> {result['new']}."
 
     def _crm_note(self, kw: dict[str, str], m: StepMutations) -> str:
@@ -448,8 +559,12 @@ class WorkplaceEnvironment(Environment):
         initial_records = t.initial_records()
         untouched = (
             all(i in inbox for i in (m["id"] for m in t.initial_inbox()))
-            and all(e["status"] == "confirmed" for i, e in events.items() if i in initial_events and i != t.old_event_id)
-            and all(is_new_meeting(e) for i, e in events.items() if i not in initial_events and e["status"] == "confirmed")
+            and all(
+                e["status"] == "confirmed" for i, e in events.items() if i in initial_events and i != t.old_event_id
+            )
+            and all(
+                is_new_meeting(e) for i, e in events.items() if i not in initial_events and e["status"] == "confirmed"
+            )
             and all(s["to"] == t.contact and s["subject"] == subject for s in self.mail._sent)
             and all(self.crm._records[c] == initial_records[c] for c in initial_records if c != t.customer)
         )

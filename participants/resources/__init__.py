@@ -10,13 +10,14 @@ Split by job; import from here, not from the modules:
   and the :class:`Recovery` modes.
 """
 
-from .base import EXPORT_FORMAT, Recovery, Resource, weakest_recovery
-from .canonical import canonical_json, sha256_hex
-from .errors import (
+from rollout_journal.participants.resources.base import EXPORT_FORMAT, Recovery, Resource, weakest_recovery
+from rollout_journal.participants.resources.canonical import canonical_json, sha256_hex
+from rollout_journal.participants.resources.errors import (
     ChainBrokenError,
     IdempotencyKeyReuseError,
     MalformedRecordError,
     OperationRejectedError,
+    PolicyFault,
     RecoveryNotSupportedError,
     ReplayDivergenceError,
     ResourceError,
@@ -26,14 +27,14 @@ from .errors import (
     StateImportError,
     UnknownOperationError,
 )
-from .records import (
+from rollout_journal.participants.resources.records import (
     MutationRecord,
     MutationRequest,
     genesis_hash,
     link_hash,
     verify_chain,
 )
-from .redaction import is_redacted, redact_args, redact_secret
+from rollout_journal.participants.resources.redaction import is_redacted, redact_args, redact_secret
 
 __all__ = [
     "EXPORT_FORMAT",
@@ -43,6 +44,7 @@ __all__ = [
     "MutationRecord",
     "MutationRequest",
     "OperationRejectedError",
+    "PolicyFault",
     "Recovery",
     "RecoveryNotSupportedError",
     "ReplayDivergenceError",

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, ClassVar
 
-from .canonical import canonical_json, sha256_hex
-from .errors import (
+from rollout_journal.participants.resources.canonical import canonical_json, sha256_hex
+from rollout_journal.participants.resources.errors import (
     IdempotencyKeyReuseError,
     MalformedRecordError,
     OperationRejectedError,
@@ -51,8 +51,8 @@ from .errors import (
     StateImportError,
     UnknownOperationError,
 )
-from .records import MutationRecord, MutationRequest, genesis_hash, link_hash
-from .redaction import MIN_LEAK_CHECK_LEN, redact_args, secret_values
+from rollout_journal.participants.resources.records import MutationRecord, MutationRequest, genesis_hash, link_hash
+from rollout_journal.participants.resources.redaction import MIN_LEAK_CHECK_LEN, redact_args, secret_values
 
 __all__ = ["EXPORT_FORMAT", "Recovery", "Resource", "weakest_recovery"]
 
@@ -91,7 +91,9 @@ def _json_clean(value: Any, what: str) -> Any:
     try:
         return json.loads(canonical_json(value))
     except (TypeError, ValueError) as exc:
-        raise OperationRejectedError(f"{what} is not JSON-serialisable ({exc}); pass plain dicts, lists, str, int, float, bool or None") from exc
+        raise OperationRejectedError(
+            f"{what} is not JSON-serialisable ({exc}); pass plain dicts, lists, str, int, float, bool or None"
+        ) from exc
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,9 @@ class Resource(ABC):
             raise StaleEpochError(self.resource_id, req.rollout_id, req.attempt, req.epoch, fenced, op)
         self.fence(req.rollout_id, req.epoch)
         if not isinstance(args, Mapping):
-            raise OperationRejectedError(f"resource {self.resource_id!r}: args of {op!r} must be a mapping, got {type(args).__name__}")
+            raise OperationRejectedError(
+                f"resource {self.resource_id!r}: args of {op!r} must be a mapping, got {type(args).__name__}"
+            )
         live_args = _json_clean(dict(args), f"args of {op!r} on {self.resource_id!r}")
         journal_args = redact_args(live_args, self.secret_arg_names)
         recorded = self._applied.get(req.idempotency_key)
@@ -187,18 +191,23 @@ class Resource(ABC):
                 raise IdempotencyKeyReuseError(self.resource_id, req.idempotency_key, recorded, op, journal_args)
             return recorded
         if req.expected_revision != self._revision:
-            raise RevisionConflictError(self.resource_id, req.expected_revision, self._revision, req.idempotency_key, op)
+            raise RevisionConflictError(
+                self.resource_id, req.expected_revision, self._revision, req.idempotency_key, op
+            )
         result = _json_clean(self._apply(op, live_args), f"result of {op!r} on {self.resource_id!r}")
         digest = self.state_digest()
         self._check_no_leak(op, live_args, result)
-        record = self._link(op, journal_args, result, digest, req.idempotency_key, req.rollout_id, req.attempt, req.epoch)
+        record = self._link(
+            op, journal_args, result, digest, req.idempotency_key, req.rollout_id, req.attempt, req.epoch
+        )
         self._commit(record)
         return record
 
-    def query(self, op: str, args: Mapping[str, Any] | None = None) -> dict:
+    def query(self, op: str, args: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """Run a read-only tool; no revision change, no fencing, not journaled."""
         clean = _json_clean(dict(args or {}), f"args of query {op!r} on {self.resource_id!r}")
-        return _json_clean(self._query(op, clean), f"result of query {op!r} on {self.resource_id!r}")
+        answer: dict[str, Any] = _json_clean(self._query(op, clean), f"result of query {op!r} on {self.resource_id!r}")
+        return answer  # a JSON object stays one through the round trip
 
     def canonical_state(self) -> object:
         """The resource's state as plain JSON values: what its digest covers (``replay state`` shows it)."""
@@ -218,32 +227,69 @@ class Resource(ABC):
         is skipped, so at-least-once delivery of the journal is harmless.
         """
         if record.resource_id != self.resource_id or record.kind != self.kind:
-            raise ReplayDivergenceError(self.resource_id, record.revision, f"record is for {record.resource_id!r} ({record.kind}), not this {self.kind}")
+            raise ReplayDivergenceError(
+                self.resource_id,
+                record.revision,
+                f"record is for {record.resource_id!r} ({record.kind}), not this {self.kind}",
+            )
         known = self._applied.get(record.idempotency_key)
         if known is not None:
             if known == record:
                 return
-            raise ReplayDivergenceError(self.resource_id, record.revision, f"key {record.idempotency_key!r} was already applied at revision {known.revision} with different contents")
+            raise ReplayDivergenceError(
+                self.resource_id,
+                record.revision,
+                f"key {record.idempotency_key!r} was already applied at revision {known.revision} with different contents",
+            )
         if record.prev_revision != self._revision:
-            raise ReplayDivergenceError(self.resource_id, record.revision, f"record follows revision {record.prev_revision} but the resource is at {self._revision}; a record is missing or out of order")
+            raise ReplayDivergenceError(
+                self.resource_id,
+                record.revision,
+                f"record follows revision {record.prev_revision} but the resource is at {self._revision}; a record is missing or out of order",
+            )
         self.fence(record.rollout_id, record.epoch)
         result = _json_clean(self._apply(record.op, record.args), f"result of {record.op!r} on {self.resource_id!r}")
         digest = self.state_digest()
-        rebuilt = self._link(record.op, record.args, result, digest, record.idempotency_key, record.rollout_id, record.attempt, record.epoch)
+        rebuilt = self._link(
+            record.op,
+            record.args,
+            result,
+            digest,
+            record.idempotency_key,
+            record.rollout_id,
+            record.attempt,
+            record.epoch,
+        )
         if rebuilt.revision != record.revision:
-            raise ReplayDivergenceError(self.resource_id, record.revision, f"replay produced revision {rebuilt.revision}")
+            raise ReplayDivergenceError(
+                self.resource_id, record.revision, f"replay produced revision {rebuilt.revision}"
+            )
         if rebuilt.state_digest != record.state_digest:
-            raise ReplayDivergenceError(self.resource_id, record.revision, f"state digest {rebuilt.state_digest[:12]} != journaled {record.state_digest[:12]} (non-deterministic resource or altered journal)")
+            raise ReplayDivergenceError(
+                self.resource_id,
+                record.revision,
+                f"state digest {rebuilt.state_digest[:12]} != journaled {record.state_digest[:12]} (non-deterministic resource or altered journal)",
+            )
         if rebuilt.result != record.result:
-            raise ReplayDivergenceError(self.resource_id, record.revision, f"result {canonical_json(rebuilt.result)} != journaled {canonical_json(record.result)}")
+            raise ReplayDivergenceError(
+                self.resource_id,
+                record.revision,
+                f"result {canonical_json(rebuilt.result)} != journaled {canonical_json(record.result)}",
+            )
         if rebuilt.chain_hash != record.chain_hash:
-            raise ReplayDivergenceError(self.resource_id, record.revision, "chain hash differs from the journal's: the record or an earlier one was altered")
+            raise ReplayDivergenceError(
+                self.resource_id,
+                record.revision,
+                "chain hash differs from the journal's: the record or an earlier one was altered",
+            )
         self._commit(record)
 
     def export_state(self) -> bytes:
         """Opaque bytes holding state, revision, chain head, idempotency table and fences."""
         if not self.supports_export:
-            raise RecoveryNotSupportedError(f"resource {self.resource_id!r} ({self.kind}, {self.recovery.value}) cannot export its state; restore it by {self._recovery_hint()}")
+            raise RecoveryNotSupportedError(
+                f"resource {self.resource_id!r} ({self.kind}, {self.recovery.value}) cannot export its state; restore it by {self._recovery_hint()}"
+            )
         doc = {
             "format": EXPORT_FORMAT,
             "resource_id": self.resource_id,
@@ -264,8 +310,10 @@ class Resource(ABC):
         a snapshot that does not import makes every later restore fall back. Changes nothing."""
         export = self._read_export(data)
         if export.revision != self._revision:
-            raise StateImportError(f"export of resource {self.resource_id!r} is at revision {export.revision}, "
-                                   f"the resource at {self._revision}: a stale or foreign copy")
+            raise StateImportError(
+                f"export of resource {self.resource_id!r} is at revision {export.revision}, "
+                f"the resource at {self._revision}: a stale or foreign copy"
+            )
 
     def exported_head(self, data: bytes) -> tuple[int, str]:
         """``(revision, chain hash)`` an export of this resource holds (``StateImportError`` if it is
@@ -276,41 +324,57 @@ class Resource(ABC):
     def import_state(self, data: bytes) -> None:
         """Replace this resource's state with bytes from :meth:`export_state` of the same resource."""
         if not self.supports_export:
-            raise RecoveryNotSupportedError(f"resource {self.resource_id!r} ({self.kind}, {self.recovery.value}) cannot import state; restore it by {self._recovery_hint()}")
+            raise RecoveryNotSupportedError(
+                f"resource {self.resource_id!r} ({self.kind}, {self.recovery.value}) cannot import state; restore it by {self._recovery_hint()}"
+            )
         export = self._read_export(data)
         previous = _json_clean(self._canonical_state(), f"state of {self.resource_id!r}")
         try:
             self._load_state(export.state)
         except (KeyError, TypeError, ValueError, AttributeError, MalformedRecordError) as exc:
             self._load_state(previous)
-            raise StateImportError(f"state for resource {self.resource_id!r} is malformed ({exc!r}); nothing was changed") from exc
+            raise StateImportError(
+                f"state for resource {self.resource_id!r} is malformed ({exc!r}); nothing was changed"
+            ) from exc
         if self.state_digest() != export.state_digest:
             self._load_state(previous)
-            raise StateImportError(f"imported state of {self.resource_id!r} does not match its recorded digest; the export is corrupt, nothing was changed")
+            raise StateImportError(
+                f"imported state of {self.resource_id!r} does not match its recorded digest; the export is corrupt, nothing was changed"
+            )
         self._revision, self._chain_hash = export.revision, export.chain_hash
         self._fences, self._applied = export.fences, {r.idempotency_key: r for r in export.applied}
 
     def _read_export(self, data: bytes) -> _Export:
         """Parse and check an export document of this resource; nothing is changed."""
         if not self.supports_export:
-            raise RecoveryNotSupportedError(f"resource {self.resource_id!r} ({self.kind}, {self.recovery.value}) cannot import state; restore it by {self._recovery_hint()}")
+            raise RecoveryNotSupportedError(
+                f"resource {self.resource_id!r} ({self.kind}, {self.recovery.value}) cannot import state; restore it by {self._recovery_hint()}"
+            )
         try:
             doc = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
-            raise StateImportError(f"state for resource {self.resource_id!r} is not valid UTF-8 JSON ({_preview(data)}: {exc}); was it produced by export_state()?") from exc
+            raise StateImportError(
+                f"state for resource {self.resource_id!r} is not valid UTF-8 JSON ({_preview(data)}: {exc}); was it produced by export_state()?"
+            ) from exc
         if not isinstance(doc, dict) or doc.get("format") != EXPORT_FORMAT:
             raise StateImportError(f"state for resource {self.resource_id!r} is not in format {EXPORT_FORMAT!r}")
         if doc.get("resource_id") != self.resource_id or doc.get("kind") != self.kind:
-            raise StateImportError(f"state was exported by {doc.get('resource_id')!r} ({doc.get('kind')}), not {self.resource_id!r} ({self.kind})")
+            raise StateImportError(
+                f"state was exported by {doc.get('resource_id')!r} ({doc.get('kind')}), not {self.resource_id!r} ({self.kind})"
+            )
         try:
             return _Export(
                 state=doc["state"],
                 applied=[MutationRecord.from_dict(r) for r in doc["applied"]],
                 fences={str(k): int(v) for k, v in doc["fences"].items()},
-                revision=int(doc["revision"]), chain_hash=str(doc["chain_hash"]), state_digest=str(doc["state_digest"]),
+                revision=int(doc["revision"]),
+                chain_hash=str(doc["chain_hash"]),
+                state_digest=str(doc["state_digest"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError, MalformedRecordError) as exc:
-            raise StateImportError(f"state for resource {self.resource_id!r} is malformed ({exc!r}); nothing was changed") from exc
+            raise StateImportError(
+                f"state for resource {self.resource_id!r} is malformed ({exc!r}); nothing was changed"
+            ) from exc
 
     def reset(self) -> None:
         """Back to the initial state with a fresh chain (restart_only); fences are kept."""
@@ -339,13 +403,17 @@ class Resource(ABC):
         raise RecoveryNotSupportedError(f"resource {self.resource_id!r} ({self.kind}) cannot load exported state")
 
     def _reset(self) -> None:
-        raise RecoveryNotSupportedError(f"resource {self.resource_id!r} ({self.kind}) cannot reset; build a new instance")
+        raise RecoveryNotSupportedError(
+            f"resource {self.resource_id!r} ({self.kind}) cannot reset; build a new instance"
+        )
 
     # -- helpers for subclasses --------------------------------------------------
     def _unknown(self, op: str, known: Iterable[str]) -> UnknownOperationError:
         return UnknownOperationError(self.resource_id, self.kind, op, known)
 
-    def _arg(self, op: str, args: Mapping[str, Any], name: str, typ: type | tuple[type, ...] = str, default: Any = ...) -> Any:
+    def _arg(
+        self, op: str, args: Mapping[str, Any], name: str, typ: type | tuple[type, ...] = str, default: Any = ...
+    ) -> Any:
         """``args[name]`` checked against ``typ``; :class:`OperationRejectedError` if missing or mistyped."""
         if name not in args:
             if default is not ...:
@@ -354,16 +422,36 @@ class Resource(ABC):
         value = args[name]
         # bool is an int subclass; an int argument must not silently accept True.
         if not isinstance(value, typ) or (isinstance(value, bool) and typ is int):
-            raise OperationRejectedError(f"resource {self.resource_id!r}: argument {name!r} of {op!r} must be {getattr(typ, '__name__', typ)}, got {value!r}")
+            raise OperationRejectedError(
+                f"resource {self.resource_id!r}: argument {name!r} of {op!r} must be {getattr(typ, '__name__', typ)}, got {value!r}"
+            )
         return value
 
     # -- internals ---------------------------------------------------------------
-    def _link(self, op: str, args: dict, result: dict, digest: str, key: str, rollout_id: str, attempt: int, epoch: int) -> MutationRecord:
+    def _link(
+        self,
+        op: str,
+        args: dict[str, Any],
+        result: dict[str, Any],
+        digest: str,
+        key: str,
+        rollout_id: str,
+        attempt: int,
+        epoch: int,
+    ) -> MutationRecord:
         payload: dict[str, Any] = {  # the record's fields but its chain hash: what the link hashes
-            "resource_id": self.resource_id, "kind": self.kind, "op": op, "args": args,
-            "idempotency_key": key, "prev_revision": self._revision, "revision": self._revision + 1,
-            "result": result, "state_digest": digest, "rollout_id": rollout_id,
-            "attempt": attempt, "epoch": epoch,
+            "resource_id": self.resource_id,
+            "kind": self.kind,
+            "op": op,
+            "args": args,
+            "idempotency_key": key,
+            "prev_revision": self._revision,
+            "revision": self._revision + 1,
+            "result": result,
+            "state_digest": digest,
+            "rollout_id": rollout_id,
+            "attempt": attempt,
+            "epoch": epoch,
         }
         return MutationRecord(chain_hash=link_hash(self._chain_hash, payload), **payload)
 
@@ -372,7 +460,7 @@ class Resource(ABC):
         self._chain_hash = record.chain_hash
         self._applied[record.idempotency_key] = record
 
-    def _check_no_leak(self, op: str, live_args: dict, result: dict) -> None:
+    def _check_no_leak(self, op: str, live_args: dict[str, Any], result: dict[str, Any]) -> None:
         secrets = [s for s in secret_values(live_args, self.secret_arg_names) if len(s) >= MIN_LEAK_CHECK_LEN]
         if not secrets:
             return

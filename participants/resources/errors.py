@@ -5,18 +5,18 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from journal.errors import RolloutJournalError
-
-from .canonical import canonical_json
+from rollout_journal.journal.errors import RolloutJournalError
+from rollout_journal.participants.resources.canonical import canonical_json
 
 if TYPE_CHECKING:
-    from .records import MutationRecord
+    from rollout_journal.participants.resources.records import MutationRecord
 
 __all__ = [
     "ChainBrokenError",
     "IdempotencyKeyReuseError",
     "MalformedRecordError",
     "OperationRejectedError",
+    "PolicyFault",
     "RecoveryNotSupportedError",
     "ReplayDivergenceError",
     "ResourceError",
@@ -61,11 +61,25 @@ class UnknownOperationError(ResourceError):
 
     def __init__(self, resource_id: str, kind: str, op: str, known: Iterable[str]) -> None:
         self.resource_id, self.kind, self.op = resource_id, kind, op
-        super().__init__(f"resource {resource_id!r} ({kind}) has no operation {op!r}; known: {', '.join(sorted(known))}")
+        super().__init__(
+            f"resource {resource_id!r} ({kind}) has no operation {op!r}; known: {', '.join(sorted(known))}"
+        )
 
 
 class OperationRejectedError(ResourceError):
     """The resource refused the op on its current state (bad args, unknown item); nothing changed."""
+
+
+class PolicyFault(ResourceError):
+    """What the action itself caused, not the infrastructure: the model's code raised or ran too
+    long, it asked for something the task forbids. An environment raises it (from ``_perform``,
+    ``_call_tool`` or a resource's ``_apply``, before anything changed) and ``Environment.step``
+    tells the model as an observation; the rollout goes on and is scored, never failed.
+    ``ends_episode``: the action ended the episode (the observation says done)."""
+
+    def __init__(self, message: str, *, ends_episode: bool = False) -> None:
+        super().__init__(message)
+        self.ends_episode = ends_episode
 
 
 class IdempotencyKeyReuseError(ResourceError):
@@ -88,7 +102,9 @@ class ReplayDivergenceError(ResourceError):
 
     def __init__(self, resource_id: str, revision: int, reason: str) -> None:
         self.resource_id, self.revision = resource_id, revision
-        super().__init__(f"replay of resource {resource_id!r} diverged at revision {revision}: {reason}; discard this instance")
+        super().__init__(
+            f"replay of resource {resource_id!r} diverged at revision {revision}: {reason}; discard this instance"
+        )
 
 
 class ChainBrokenError(ResourceError):
@@ -113,5 +129,3 @@ class MalformedRecordError(ResourceError):
 
 class SecretLeakError(ResourceError):
     """A resource put a raw secret into its result or canonical state (a bug in that resource)."""
-
-

@@ -7,8 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .canonical import canonical_json, sha256_hex
-from .errors import ChainBrokenError, MalformedRecordError
+from rollout_journal.participants.resources.canonical import canonical_json, sha256_hex
+from rollout_journal.participants.resources.errors import ChainBrokenError, MalformedRecordError
 
 __all__ = ["MutationRecord", "MutationRequest", "genesis_hash", "link_hash", "verify_chain"]
 
@@ -34,11 +34,11 @@ class MutationRecord:
     resource_id: str
     kind: str
     op: str
-    args: dict
+    args: dict[str, Any]
     idempotency_key: str
     prev_revision: int
     revision: int
-    result: dict
+    result: dict[str, Any]
     state_digest: str
     chain_hash: str
     rollout_id: str
@@ -61,7 +61,9 @@ class MutationRecord:
     def from_dict(cls, data: Mapping[str, Any]) -> MutationRecord:
         missing = [n for n in _RECORD_FIELDS if n not in data]
         if missing:
-            raise MalformedRecordError(f"mutation record for {data.get('resource_id')!r} lacks {', '.join(missing)}; was it written by this version?")
+            raise MalformedRecordError(
+                f"mutation record for {data.get('resource_id')!r} lacks {', '.join(missing)}; was it written by this version?"
+            )
         return cls(**{n: data[n] for n in _RECORD_FIELDS})
 
 
@@ -89,11 +91,15 @@ def verify_chain(resource_id: str, records: Sequence[MutationRecord]) -> str:
         if record.resource_id != resource_id:
             raise ChainBrokenError(resource_id, record.revision, f"record belongs to {record.resource_id!r}")
         if record.prev_revision != revision or record.revision != revision + 1:
-            raise ChainBrokenError(resource_id, record.revision, f"expected {revision} -> {revision + 1}, found {record.prev_revision} -> {record.revision}")
+            raise ChainBrokenError(
+                resource_id,
+                record.revision,
+                f"expected {revision} -> {revision + 1}, found {record.prev_revision} -> {record.revision}",
+            )
         expected = link_hash(head, record.chain_payload())
         if record.chain_hash != expected:
-            raise ChainBrokenError(resource_id, record.revision, "chain hash does not match the record's contents and its predecessor")
+            raise ChainBrokenError(
+                resource_id, record.revision, "chain hash does not match the record's contents and its predecessor"
+            )
         head, revision = expected, record.revision
     return head
-
-

@@ -10,9 +10,9 @@ the same digest.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, TypeGuard
 
-from .canonical import canonical_json, sha256_hex
+from rollout_journal.participants.resources.canonical import canonical_json, sha256_hex
 
 __all__ = ["MIN_LEAK_CHECK_LEN", "is_redacted", "redact_args", "redact_secret", "secret_values"]
 
@@ -20,7 +20,7 @@ _REDACTED_PREFIX = "<redacted:"
 MIN_LEAK_CHECK_LEN = 4  # shorter secrets would match unrelated text by chance
 
 
-def is_redacted(value: Any) -> bool:
+def is_redacted(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and value.startswith(_REDACTED_PREFIX) and value.endswith(">")
 
 
@@ -61,5 +61,3 @@ def secret_values(args: Any, secret_names: frozenset[str]) -> list[str]:
         for v in args:
             found.extend(secret_values(v, secret_names))
     return found
-
-
