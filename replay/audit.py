@@ -35,15 +35,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
-from journal.anchoring import VERIFY_KEY_ENV, HeadVerifier
-from journal.errors import ConfigurationError, NotInJournalError
-from journal.events import HeadCheckpoint, ResourceMutation, RolloutFinished, TurnCompleted
-from journal.journal import JournaledEvent, ReadReport
-from participants.resources import genesis_hash, link_hash
-from participants.rollout_state import RolloutProgress, StateFoldError, mutation_record
-
-from .scanning import add_journal_argument, open_for_reading, with_progress
+from rollout_journal.journal.anchoring import VERIFY_KEY_ENV, HeadVerifier
+from rollout_journal.journal.errors import ConfigurationError, NotInJournalError
+from rollout_journal.journal.events import HeadCheckpoint, ResourceMutation, RolloutFinished, TurnCompleted
+from rollout_journal.journal.journal import JournaledEvent, ReadReport
+from rollout_journal.participants.resources import genesis_hash, link_hash
+from rollout_journal.participants.rollout import RolloutProgress, StateFoldError, mutation_record
 
 __all__ = ["AuditSummary", "AuditedMutation", "ChainAuditor", "ChainLife", "Problem", "audit_events"]
 
@@ -63,7 +62,7 @@ class AuditedMutation:
     resource_id: str
     kind: str
     op: str
-    args: dict
+    args: dict[str, Any]
     prev_revision: int
     revision: int
     life: int
@@ -114,11 +113,18 @@ class ChainLife:
         if not self.head:
             self.head = genesis_hash(self.resource_id)
 
-    def summary(self) -> dict:
-        return {"resource_id": self.resource_id, "life": self.life, "rollout_id": self.rollout_id,
-                "first_revision": self.first_revision, "revision": self.revision, "head": self.head,
-                "mutations": self.mutations, "anchored_revision": self.anchored_revision,
-                "anchor_location": self.anchor_location}
+    def summary(self) -> dict[str, Any]:
+        return {
+            "resource_id": self.resource_id,
+            "life": self.life,
+            "rollout_id": self.rollout_id,
+            "first_revision": self.first_revision,
+            "revision": self.revision,
+            "head": self.head,
+            "mutations": self.mutations,
+            "anchored_revision": self.anchored_revision,
+            "anchor_location": self.anchor_location,
+        }
 
 
 @dataclass
@@ -132,11 +138,11 @@ class AuditSummary:
     checkpoints: int
     checkpoints_verified: int
     mutation_count: int
-    resources: list[dict]
+    resources: list[dict[str, Any]]
     problems: list[Problem]
     fenced: list[str]  # every event a reader dropped as fenced, described
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["problems"] = [asdict(p) for p in self.problems]
         return doc
@@ -147,21 +153,27 @@ class AuditSummary:
         if self.anchored == "no":
             anchors = "heads are not anchored (no signed checkpoints)"
         elif self.anchors_verified is None:
-            anchors = (f"heads anchored ({self.anchored}) by {self.checkpoints} checkpoints, signatures not "
-                       "checked (give --public-key)")
+            anchors = (
+                f"heads anchored ({self.anchored}) by {self.checkpoints} checkpoints, signatures not "
+                "checked (give --public-key)"
+            )
         else:
             verdict = "all verify" if self.anchors_verified else "NOT all verify"
             key = "" if self.key_id is None else f" under key {self.key_id[:16]}"
             anchors = f"heads anchored ({self.anchored}) by {self.checkpoints} signed checkpoints, {verdict}{key}"
-        return (f"{chain}; {len(self.resources)} resource lives, {self.mutation_count} mutations; {anchors}")
+        return f"{chain}; {len(self.resources)} resource lives, {self.mutation_count} mutations; {anchors}"
 
 
 class ChainAuditor:
     """Feed it a journal's events in log order (fenced, as ``Journal.scan`` yields them);
     ``finish`` it with the read report. ``resource`` restricts the audit to one resource."""
 
-    def __init__(self, verifier: HeadVerifier | None = None, resource: str | None = None,
-                 witness: Mapping[tuple[str, int], tuple[int, str]] | None = None) -> None:
+    def __init__(
+        self,
+        verifier: HeadVerifier | None = None,
+        resource: str | None = None,
+        witness: Mapping[tuple[str, int], tuple[int, str]] | None = None,
+    ) -> None:
         """``witness``: heads an earlier audit saw, ``(resource, life) -> (revision, head)``
         (:func:`load_witness`): each must still be in the journal, unchanged."""
         self.verifier = verifier
@@ -235,27 +247,52 @@ class ChainAuditor:
         if chain.first_revision is None:
             chain.first_revision = record.revision
         if record.revision != record.prev_revision + 1:
-            self._problem("gap", f"{rid} record at {where} claims r{record.prev_revision} -> r{record.revision}, "
-                                 "not one revision", where, rid, record.rollout_id, record.revision)
+            self._problem(
+                "gap",
+                f"{rid} record at {where} claims r{record.prev_revision} -> r{record.revision}, not one revision",
+                where,
+                rid,
+                record.rollout_id,
+                record.revision,
+            )
         if chain.keys is not None and record.revision > chain.revision:
             first = chain.keys.setdefault(record.idempotency_key, (record.revision, where))
             if first[0] != record.revision:
-                self._problem("duplicate", f"{rid} r{record.revision} at {where} applies idempotency key "
-                                           f"{record.idempotency_key!r} a second time (first as r{first[0]} at "
-                                           f"{first[1]}): a mutation applied twice", where, rid, record.rollout_id,
-                              record.revision)
+                self._problem(
+                    "duplicate",
+                    f"{rid} r{record.revision} at {where} applies idempotency key "
+                    f"{record.idempotency_key!r} a second time (first as r{first[0]} at "
+                    f"{first[1]}): a mutation applied twice",
+                    where,
+                    rid,
+                    record.rollout_id,
+                    record.revision,
+                )
         if record.prev_revision == chain.revision:
             if link_hash(chain.head, record.chain_payload()) != record.chain_hash:
-                self._problem("altered", f"{rid} r{record.revision} at {where}: its content no longer matches its "
-                                         f"chain hash {record.chain_hash[:12]} (the record was changed after it was "
-                                         "written)", where, rid, record.rollout_id, record.revision)
+                self._problem(
+                    "altered",
+                    f"{rid} r{record.revision} at {where}: its content no longer matches its "
+                    f"chain hash {record.chain_hash[:12]} (the record was changed after it was "
+                    "written)",
+                    where,
+                    rid,
+                    record.rollout_id,
+                    record.revision,
+                )
             self._advance(chain, record.revision, record.chain_hash, where)
             self._against_witness(chain, where)
         elif record.prev_revision > chain.revision:
             after = f"after r{chain.revision} at {chain.last_location}" if chain.last_location else "at its start"
-            gap = self._problem("gap", f"{rid}: {_span(chain.revision + 1, record.prev_revision)} missing {after}, "
-                                       f"before r{record.prev_revision} -> r{record.revision} at {where}",
-                                where, rid, record.rollout_id, chain.revision + 1)
+            gap = self._problem(
+                "gap",
+                f"{rid}: {_span(chain.revision + 1, record.prev_revision)} missing {after}, "
+                f"before r{record.prev_revision} -> r{record.revision} at {where}",
+                where,
+                rid,
+                record.rollout_id,
+                chain.revision + 1,
+            )
             for revision in range(chain.revision + 1, min(record.prev_revision, chain.revision + _RECENT) + 1):
                 chain.missing[revision] = gap  # bounded: a forged huge gap must not cost memory
             self._advance(chain, record.revision, record.chain_hash, where)
@@ -264,9 +301,23 @@ class ChainAuditor:
             self._late(chain, record.revision, record.chain_hash, record.rollout_id, where)
         status = self.problems[found].kind if len(self.problems) > found else "ok"
         h = event.header
-        return AuditedMutation(where, h.ts_ms, h.rollout_id, h.attempt, h.epoch, h.turn, rid, record.kind,
-                               record.op, record.args, record.prev_revision, record.revision, life,
-                               record.chain_hash, status)
+        return AuditedMutation(
+            where,
+            h.ts_ms,
+            h.rollout_id,
+            h.attempt,
+            h.epoch,
+            h.turn,
+            rid,
+            record.kind,
+            record.op,
+            record.args,
+            record.prev_revision,
+            record.revision,
+            life,
+            record.chain_hash,
+            status,
+        )
 
     def _late(self, chain: ChainLife, revision: int, chain_hash: str, rollout_id: str, where: str) -> None:
         """A revision at or below the chain's: a reordered record, or a duplicate."""
@@ -275,18 +326,37 @@ class ChainAuditor:
         if gap is not None:  # the hole it left is explained: it comes late
             if not any(p is gap for p in chain.missing.values()):
                 self.problems = [p for p in self.problems if p is not gap]
-            self._problem("reordered", f"{rid} r{revision - 1} -> r{revision} at {where} comes after r{chain.revision} "
-                                       f"(at {chain.last_location}): records reordered", where, rid, rollout_id, revision)
+            self._problem(
+                "reordered",
+                f"{rid} r{revision - 1} -> r{revision} at {where} comes after r{chain.revision} "
+                f"(at {chain.last_location}): records reordered",
+                where,
+                rid,
+                rollout_id,
+                revision,
+            )
             return
         seen = chain.recent.get(revision)
         if seen is not None and seen[0] == chain_hash:
-            self._problem("duplicate", f"{rid} r{revision} at {where} repeats the record at {seen[1]}",
-                          where, rid, rollout_id, revision)
+            self._problem(
+                "duplicate",
+                f"{rid} r{revision} at {where} repeats the record at {seen[1]}",
+                where,
+                rid,
+                rollout_id,
+                revision,
+            )
         else:
             other = f" (r{revision} is at {seen[1]})" if seen is not None else ""
-            self._problem("duplicate", f"{rid}: a second r{revision - 1} -> r{revision} at {where}, after the chain "
-                                       f"reached r{chain.revision}{other}: a fork of the chain", where, rid,
-                          rollout_id, revision)
+            self._problem(
+                "duplicate",
+                f"{rid}: a second r{revision - 1} -> r{revision} at {where}, after the chain "
+                f"reached r{chain.revision}{other}: a fork of the chain",
+                where,
+                rid,
+                rollout_id,
+                revision,
+            )
 
     @staticmethod
     def _advance(chain: ChainLife, revision: int, chain_hash: str, where: str) -> None:
@@ -303,9 +373,16 @@ class ChainAuditor:
             return
         self._witnessed.add(key)
         if seen[1] != chain.head:
-            self._problem("rewritten", f"{chain.resource_id} life {chain.life} r{chain.revision} at {where}: head "
-                                       f"{chain.head[:12]}, but an earlier audit saw {seen[1][:12]}: the journal "
-                                       "was rewritten since", where, chain.resource_id, chain.rollout_id, chain.revision)
+            self._problem(
+                "rewritten",
+                f"{chain.resource_id} life {chain.life} r{chain.revision} at {where}: head "
+                f"{chain.head[:12]}, but an earlier audit saw {seen[1][:12]}: the journal "
+                "was rewritten since",
+                where,
+                chain.resource_id,
+                chain.rollout_id,
+                chain.revision,
+            )
 
     def _turn(self, event: TurnCompleted, where: str, life: int) -> None:
         """A committed turn names the revision each resource reached: the chain must be there."""
@@ -315,17 +392,29 @@ class ChainAuditor:
             chain = self._chains.get(rid)
             at = chain.revision if chain is not None and chain.life == life else 0
             if revision > at:
-                self._problem("dropped_tail", f"turn {event.header.turn} of {event.header.rollout_id} at {where} "
-                                              f"says {rid} reached r{revision}, but its chain holds r{at} only: "
-                                              f"{_span(at + 1, revision)} dropped", where, rid,
-                              event.header.rollout_id, at + 1)
+                self._problem(
+                    "dropped_tail",
+                    f"turn {event.header.turn} of {event.header.rollout_id} at {where} "
+                    f"says {rid} reached r{revision}, but its chain holds r{at} only: "
+                    f"{_span(at + 1, revision)} dropped",
+                    where,
+                    rid,
+                    event.header.rollout_id,
+                    at + 1,
+                )
             elif revision < at:
                 # below r0, a resource may have no chain at all (a forged or corrupt revision)
                 last = chain.last_location if chain is not None else "no mutation of it read"
-                self._problem("inserted", f"turn {event.header.turn} of {event.header.rollout_id} at {where} says "
-                                          f"{rid} reached r{revision}, but its chain is at r{at} "
-                                          f"({last}): mutations were inserted", where, rid,
-                              event.header.rollout_id, revision + 1)
+                self._problem(
+                    "inserted",
+                    f"turn {event.header.turn} of {event.header.rollout_id} at {where} says "
+                    f"{rid} reached r{revision}, but its chain is at r{at} "
+                    f"({last}): mutations were inserted",
+                    where,
+                    rid,
+                    event.header.rollout_id,
+                    revision + 1,
+                )
 
     def _checkpoint(self, event: HeadCheckpoint, where: str, life: int) -> None:
         rollout_id = event.header.rollout_id
@@ -339,13 +428,18 @@ class ChainAuditor:
             why = self.verifier.problem(event)
             if why is not None:
                 verified = False
-                self._problem("bad_signature", f"checkpoint of {rollout_id} at {where}: {why}", where,
-                              rollout_id=rollout_id)
+                self._problem(
+                    "bad_signature", f"checkpoint of {rollout_id} at {where}: {why}", where, rollout_id=rollout_id
+                )
             else:
                 self._checkpoints_verified += 1
         if event.life != life:
-            self._problem("anchor_mismatch", f"checkpoint of {rollout_id} at {where} signs life {event.life}, but "
-                                             f"the rollout is in life {life}", where, rollout_id=rollout_id)
+            self._problem(
+                "anchor_mismatch",
+                f"checkpoint of {rollout_id} at {where} signs life {event.life}, but the rollout is in life {life}",
+                where,
+                rollout_id=rollout_id,
+            )
             return
         for head in heads:
             chain = self._chains.get(head.resource_id)
@@ -354,26 +448,51 @@ class ChainAuditor:
                 if head.revision > 0:
                     chain = self._life(head.resource_id, life, rollout_id)
             if head.revision > chain.revision:
-                self._problem("dropped_tail", f"checkpoint at {where} signs {head.resource_id} at r{head.revision}, "
-                                              f"but its chain holds r{chain.revision} only: "
-                                              f"{_span(chain.revision + 1, head.revision)} dropped", where, head.resource_id, rollout_id,
-                              chain.revision + 1)
+                self._problem(
+                    "dropped_tail",
+                    f"checkpoint at {where} signs {head.resource_id} at r{head.revision}, "
+                    f"but its chain holds r{chain.revision} only: "
+                    f"{_span(chain.revision + 1, head.revision)} dropped",
+                    where,
+                    head.resource_id,
+                    rollout_id,
+                    chain.revision + 1,
+                )
             elif head.revision < chain.revision:
-                self._problem("inserted", f"{head.resource_id} {_span(head.revision + 1, chain.revision)} (last at "
-                                          f"{chain.last_location}) precede the checkpoint at {where}, which signs "
-                                          f"r{head.revision}: mutations were inserted", where, head.resource_id,
-                              rollout_id, head.revision + 1)
+                self._problem(
+                    "inserted",
+                    f"{head.resource_id} {_span(head.revision + 1, chain.revision)} (last at "
+                    f"{chain.last_location}) precede the checkpoint at {where}, which signs "
+                    f"r{head.revision}: mutations were inserted",
+                    where,
+                    head.resource_id,
+                    rollout_id,
+                    head.revision + 1,
+                )
             elif head.chain_hash != chain.head:
-                self._problem("anchor_mismatch", f"{head.resource_id} r{head.revision}: the chain's head "
-                                                 f"{chain.head[:12]} differs from the head {head.chain_hash[:12]} "
-                                                 f"signed at {where}: the chain was recomputed or altered",
-                              where, head.resource_id, rollout_id, head.revision)
+                self._problem(
+                    "anchor_mismatch",
+                    f"{head.resource_id} r{head.revision}: the chain's head "
+                    f"{chain.head[:12]} differs from the head {head.chain_hash[:12]} "
+                    f"signed at {where}: the chain was recomputed or altered",
+                    where,
+                    head.resource_id,
+                    rollout_id,
+                    head.revision,
+                )
             elif verified and head.revision > chain.anchored_revision:
                 chain.anchored_revision, chain.anchor_location = head.revision, where
 
     # -- ending ----------------------------------------------------------------------
-    def _problem(self, kind: str, message: str, location: str | None = None, resource_id: str | None = None,
-                 rollout_id: str | None = None, revision: int | None = None) -> Problem:
+    def _problem(
+        self,
+        kind: str,
+        message: str,
+        location: str | None = None,
+        resource_id: str | None = None,
+        rollout_id: str | None = None,
+        revision: int | None = None,
+    ) -> Problem:
         problem = Problem(kind, message, location, resource_id, rollout_id, revision)
         self.problems.append(problem)
         return problem
@@ -390,9 +509,14 @@ class ChainAuditor:
         for dropped in report.fenced:
             fenced_lines.append(str(dropped))
             if dropped.record == "ResourceMutation" and (
-                    self.resource is None or dropped.rollout_id in self._mutators.get(self.resource, ())):
-                self._problem("fenced_epoch", f"a mutation from a fenced epoch: {dropped}", str(dropped.location),
-                              rollout_id=dropped.rollout_id)
+                self.resource is None or dropped.rollout_id in self._mutators.get(self.resource, ())
+            ):
+                self._problem(
+                    "fenced_epoch",
+                    f"a mutation from a fenced epoch: {dropped}",
+                    str(dropped.location),
+                    rollout_id=dropped.rollout_id,
+                )
         lives = [*self._ended, *self._chains.values()]
         lives.sort(key=lambda c: (c.resource_id, c.life))
         reached = {(c.resource_id, c.life): c for c in lives}
@@ -400,46 +524,76 @@ class ChainAuditor:
             if (rid, life) in self._witnessed:
                 continue
             chain = reached.get((rid, life))
-            holds = (f"its chain ends at r{chain.revision} ({chain.last_location})" if chain is not None
-                     else "the journal holds none of it")
-            self._problem("truncated", f"{rid} life {life}: an earlier audit saw r{revision} (head {head[:12]}), but "
-                                       f"{holds}: the journal was cut back or rewritten since",
-                          chain.last_location if chain is not None else None, rid,
-                          chain.rollout_id if chain is not None else None, revision)
+            holds = (
+                f"its chain ends at r{chain.revision} ({chain.last_location})"
+                if chain is not None
+                else "the journal holds none of it"
+            )
+            self._problem(
+                "truncated",
+                f"{rid} life {life}: an earlier audit saw r{revision} (head {head[:12]}), but "
+                f"{holds}: the journal was cut back or rewritten since",
+                chain.last_location if chain is not None else None,
+                rid,
+                chain.rollout_id if chain is not None else None,
+                revision,
+            )
         expect_anchors = self.verifier is not None or self._checkpoints > 0
         anchored_lives = 0
         for chain in lives:
             if chain.anchored_revision >= chain.revision:
                 anchored_lives += 1
             elif expect_anchors:
-                since = (f"after the last checkpoint at {chain.anchor_location}" if chain.anchor_location
-                         else "and no checkpoint signs any of them")
-                self._problem("unanchored", f"{chain.resource_id} life {chain.life}: "
-                                            f"{_span(chain.anchored_revision + 1, chain.revision)} (last at {chain.last_location}) are not covered by a "
-                                            f"{'verified ' if self.verifier else ''}signed checkpoint, {since}: "
-                                            "a checkpoint was dropped, or they were written without the key",
-                              chain.last_location, chain.resource_id, chain.rollout_id, chain.anchored_revision + 1)
+                since = (
+                    f"after the last checkpoint at {chain.anchor_location}"
+                    if chain.anchor_location
+                    else "and no checkpoint signs any of them"
+                )
+                self._problem(
+                    "unanchored",
+                    f"{chain.resource_id} life {chain.life}: "
+                    f"{_span(chain.anchored_revision + 1, chain.revision)} (last at {chain.last_location}) are not covered by a "
+                    f"{'verified ' if self.verifier else ''}signed checkpoint, {since}: "
+                    "a checkpoint was dropped, or they were written without the key",
+                    chain.last_location,
+                    chain.resource_id,
+                    chain.rollout_id,
+                    chain.anchored_revision + 1,
+                )
         if self._checkpoints == 0:
             anchored = "no"
         else:
             anchored = "yes" if anchored_lives == len(lives) else "partly"
-        verified = None if self.verifier is None else (
-            self._checkpoints > 0 and self._checkpoints_verified == self._checkpoints)
+        verified = (
+            None
+            if self.verifier is None
+            else (self._checkpoints > 0 and self._checkpoints_verified == self._checkpoints)
+        )
         return AuditSummary(
-            chain_ok=not self.problems, anchored=anchored, anchors_verified=verified,
+            chain_ok=not self.problems,
+            anchored=anchored,
+            anchors_verified=verified,
             key_id=self.verifier.key_id if self.verifier is not None else None,
-            checkpoints=self._checkpoints, checkpoints_verified=self._checkpoints_verified,
-            mutation_count=self._mutations, resources=[c.summary() for c in lives], problems=list(self.problems),
-            fenced=fenced_lines)
+            checkpoints=self._checkpoints,
+            checkpoints_verified=self._checkpoints_verified,
+            mutation_count=self._mutations,
+            resources=[c.summary() for c in lives],
+            problems=list(self.problems),
+            fenced=fenced_lines,
+        )
 
 
 def _span(first: int, last: int) -> str:
     return f"r{first}" if first == last else f"r{first}..r{last}"
 
 
-def audit_events(events: Iterable[JournaledEvent], report: ReadReport, verifier: HeadVerifier | None = None,
-                 resource: str | None = None, witness: Mapping[tuple[str, int], tuple[int, str]] | None = None,
-                 ) -> tuple[list[AuditedMutation], AuditSummary]:
+def audit_events(
+    events: Iterable[JournaledEvent],
+    report: ReadReport,
+    verifier: HeadVerifier | None = None,
+    resource: str | None = None,
+    witness: Mapping[tuple[str, int], tuple[int, str]] | None = None,
+) -> tuple[list[AuditedMutation], AuditSummary]:
     """Audit a whole stream at once (for a single rollout or a test; the CLI streams rows)."""
     auditor = ChainAuditor(verifier, resource, witness)
     rows = [row for item in events if (row := auditor.feed(item)) is not None]
@@ -460,8 +614,9 @@ def load_witness(path: str | None) -> dict[tuple[str, int], tuple[int, str]]:
         doc = json.loads(Path(path).read_text())
         return {(r["resource_id"], int(r["life"])): (int(r["revision"]), str(r["head"])) for r in doc["resources"]}
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ConfigurationError(f"--witness {path}: not the JSON of an earlier `rollout-journal audit --json` "
-                                 f"({type(exc).__name__}: {exc})") from None
+        raise ConfigurationError(
+            f"--witness {path}: not the JSON of an earlier `rollout-journal audit --json` ({type(exc).__name__}: {exc})"
+        ) from None
 
 
 def public_key_verifier(path_or_pem: str | None) -> HeadVerifier | None:
@@ -473,39 +628,57 @@ def public_key_verifier(path_or_pem: str | None) -> HeadVerifier | None:
 
 # -- the command line ---------------------------------------------------------------
 
-def add_command(sub: argparse._SubParsersAction) -> None:
+
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "audit", help="every resource mutation; verify the hash chains and their signed heads (reads only)",
+        "audit",
+        help="every resource mutation; verify the hash chains and their signed heads (reads only)",
         description="Lists every resource mutation (time, rollout, attempt, epoch, operation, arguments as "
-                    "journaled, revision before and after), verifies each resource's hash chain life by life, "
-                    "and checks the signed chain-head checkpoints. Exit code 1 when a problem is found.")
+        "journaled, revision before and after), verifies each resource's hash chain life by life, "
+        "and checks the signed chain-head checkpoints. Exit code 1 when a problem is found.",
+    )
     p.add_argument("resource", nargs="?", help="audit only this resource (e.g. demo-g0-s0/mail)")
+    from rollout_journal.replay.cli.options import add_journal_argument
+
     add_journal_argument(p)
     add_public_key_argument(p)
-    p.add_argument("--witness", metavar="JSON",
-                   help="the output of an earlier `audit --json`: every head it saw must still be in the journal, "
-                        "unchanged (catches a journal cut back at a commit boundary, which no chain can)")
+    p.add_argument(
+        "--witness",
+        metavar="JSON",
+        help="the output of an earlier `audit --json`: every head it saw must still be in the journal, "
+        "unchanged (catches a journal cut back at a commit boundary, which no chain can)",
+    )
     p.add_argument("--json", action="store_true", help="one JSON document: mutations, chain_ok, problems, anchors")
 
 
 def add_public_key_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--public-key", metavar="PEM",
-                   help=f"the writer's Ed25519 public key (a PEM file) to verify signed heads with; default "
-                        f"${VERIFY_KEY_ENV}")
+    p.add_argument(
+        "--public-key",
+        metavar="PEM",
+        help=f"the writer's Ed25519 public key (a PEM file) to verify signed heads with; default ${VERIFY_KEY_ENV}",
+    )
 
 
 def run_command(args: argparse.Namespace) -> int:
     verifier = public_key_verifier(args.public_key)
     auditor = ChainAuditor(verifier, args.resource, load_witness(args.witness))
     report = ReadReport()
-    with open_for_reading(args.journal) as journal:
+    from rollout_journal.replay.cli.options import journal_location
+    from rollout_journal.replay.source import open_replay
+    from rollout_journal.replay.terminal import BarProgress
+
+    location = journal_location(args)
+    with open_replay(location) as source:
         rows: Iterable[AuditedMutation] = (
-            row for item in with_progress(journal.scan(report), "audit") if (row := auditor.feed(item)) is not None)
+            row for item in source.scan(report, BarProgress("audit")) if (row := auditor.feed(item)) is not None
+        )
         if args.resource is not None:  # one resource's rows: few; held so an unknown resource prints no table
             rows = list(rows)
             if not auditor.seen_resource:
-                raise NotInJournalError(f"no mutation of resource {args.resource!r} in journal {args.journal} "
-                                        "(`rollout-journal audit` without a resource lists every one)")
+                raise NotInJournalError(
+                    f"no mutation of resource {args.resource!r} in journal {location} "
+                    "(`rollout-journal audit` without a resource lists every one)"
+                )
         if args.json:
             print('{"mutations": [')
             for i, row in enumerate(rows):
@@ -513,21 +686,30 @@ def run_command(args: argparse.Namespace) -> int:
             summary = auditor.finish(report)
             print("], " + json.dumps(summary.as_json(), indent=1)[1:])
         else:
-            print(f"{'time (UTC)':<23} {'rollout':<18} {'att':>3} {'ep':>3} {'resource':<24} {'revision':>10} "
-                  f"{'life':>4}  operation")
+            print(
+                f"{'time (UTC)':<23} {'rollout':<18} {'att':>3} {'ep':>3} {'resource':<24} {'revision':>10} "
+                f"{'life':>4}  operation"
+            )
             for row in rows:
                 args_text = json.dumps(row.args, ensure_ascii=False)
                 args_text = args_text if len(args_text) <= 60 else args_text[:57] + "..."
                 flag = "" if row.status == "ok" else f"   <- {row.status}"
-                print(f"{row.time[:23]:<23} {row.rollout_id:<18} {row.attempt:>3} {row.epoch:>3} {row.resource_id:<24} "
-                      f"{f'r{row.prev_revision}->r{row.revision}':>10} {row.life:>4}  {row.op}({args_text}){flag}")
+                print(
+                    f"{row.time[:23]:<23} {row.rollout_id:<18} {row.attempt:>3} {row.epoch:>3} {row.resource_id:<24} "
+                    f"{f'r{row.prev_revision}->r{row.revision}':>10} {row.life:>4}  {row.op}({args_text}){flag}"
+                )
             summary = auditor.finish(report)
             print()
             for life in summary.resources:
-                anchor = (f"anchored at r{life['anchored_revision']} ({life['anchor_location']})"
-                          if life["anchor_location"] else "not anchored")
-                print(f"{life['resource_id']} life {life['life']}: r{life['first_revision']}..r{life['revision']} "
-                      f"({life['mutations']} mutations), head {life['head'][:12]}, {anchor}")
+                anchor = (
+                    f"anchored at r{life['anchored_revision']} ({life['anchor_location']})"
+                    if life["anchor_location"]
+                    else "not anchored"
+                )
+                print(
+                    f"{life['resource_id']} life {life['life']}: r{life['first_revision']}..r{life['revision']} "
+                    f"({life['mutations']} mutations), head {life['head'][:12]}, {anchor}"
+                )
             for problem in summary.problems:
                 print(f"PROBLEM {problem}")
             print(summary.status_line)

@@ -3,7 +3,7 @@ file at fault and says what to do; the command line prints one as a single line.
 
 from __future__ import annotations
 
-from journal.errors import NotInJournalError, RolloutJournalError
+from rollout_journal.journal.errors import NotInJournalError, RolloutJournalError
 
 
 class ReplayError(RolloutJournalError):
@@ -14,8 +14,10 @@ class NoSuchRolloutError(ReplayError, NotInJournalError):
     """The journal holds no event of the rollout asked for."""
 
     def __init__(self, rollout_id: str, journal: str) -> None:
-        super().__init__(f"no events of rollout {rollout_id!r} in journal {journal} "
-                         "(`rollout-journal replay list` shows the rollouts it holds)")
+        super().__init__(
+            f"no events of rollout {rollout_id!r} in journal {journal} "
+            "(`rollout-journal replay list` shows the rollouts it holds)"
+        )
         self.rollout_id = rollout_id
 
 

@@ -26,15 +26,15 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from journal.backend import OutRecord, StoredRecord, Stream
-from journal.errors import ConfigurationError, CorruptRecordError
-from journal.file_backend import FileBackend
-from journal.journal import ReadReport
-
-from .errors import ExportError
-from .progress import Progress
-from .source import ReplaySource
+from rollout_journal.journal.backend import OutRecord, StoredRecord, Stream
+from rollout_journal.journal.errors import ConfigurationError, CorruptRecordError
+from rollout_journal.journal.file.backend import FileBackend
+from rollout_journal.journal.journal import ReadReport
+from rollout_journal.replay.errors import ExportError
+from rollout_journal.replay.progress import Progress
+from rollout_journal.replay.source import ReplaySource
 
 MANIFEST = "EXPORT.json"
 _NEVER = 1 << 62  # min_compaction_bytes of the copy while it is written: no compaction
@@ -80,7 +80,7 @@ class StreamCheck:
     def ok(self) -> bool:
         return self.source_records == self.copy_records and self.source_sha256 == self.copy_sha256
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__) | {"ok": self.ok}
 
 
@@ -99,26 +99,37 @@ class ExportReport:
     def verified(self) -> bool:
         return self.events is not None and self.snapshots is not None and self.events.ok and self.snapshots.ok
 
-    def as_json(self) -> dict:
-        return {"source": self.source, "out": self.out, "source_partitions": self.source_partitions,
-                "events": self.events.as_json() if self.events else None,
-                "snapshots": self.snapshots.as_json() if self.snapshots else None,
-                "verified": self.verified, "skipped": self.skipped, "seconds": round(self.seconds, 3)}
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "out": self.out,
+            "source_partitions": self.source_partitions,
+            "events": self.events.as_json() if self.events else None,
+            "snapshots": self.snapshots.as_json() if self.snapshots else None,
+            "verified": self.verified,
+            "skipped": self.skipped,
+            "seconds": round(self.seconds, 3),
+        }
 
     def text(self) -> Iterator[str]:
-        yield f"exported {self.source} ({self.source_partitions} partitions) to file journal {self.out} " \
-              f"in {self.seconds:.1f} s"
+        yield (
+            f"exported {self.source} ({self.source_partitions} partitions) to file journal {self.out} "
+            f"in {self.seconds:.1f} s"
+        )
         for name, check in (("events", self.events), ("snapshots", self.snapshots)):
             if check is None:
                 continue
             verdict = "match" if check.ok else "DIFFER"
-            yield (f"{name:<9} records {check.source_records} read, {check.copy_records} in the copy; sha256 "
-                   f"{check.source_sha256[:16]} / {check.copy_sha256[:16]}: {verdict} ({check.bytes} value bytes)")
+            yield (
+                f"{name:<9} records {check.source_records} read, {check.copy_records} in the copy; sha256 "
+                f"{check.source_sha256[:16]} / {check.copy_sha256[:16]}: {verdict} ({check.bytes} value bytes)"
+            )
         yield "copy verified: counts and checksums match" if self.verified else "copy NOT verified"
 
 
-def export_journal(source: ReplaySource, out: str | Path, *, batch_bytes: int = 8 << 20,
-                   progress: Progress | None = None) -> ExportReport:
+def export_journal(
+    source: ReplaySource, out: str | Path, *, batch_bytes: int = 8 << 20, progress: Progress | None = None
+) -> ExportReport:
     """Copy ``source`` into a new file journal at ``out`` (which must not exist, or be empty)
     and verify the copy. A source record that cannot be read is skipped, named in
     ``ExportReport.skipped`` and ``report``; the copy then holds every other record."""
@@ -146,17 +157,29 @@ def export_journal(source: ReplaySource, out: str | Path, *, batch_bytes: int = 
             written_snapshots.add(record.key, record.value)
     finally:
         reread.close()
-    result.events = StreamCheck(read_events.records, written_events.records, read_events.sha256,
-                                written_events.sha256, read_events.bytes)
-    result.snapshots = StreamCheck(read_snapshots.records, written_snapshots.records, read_snapshots.sha256,
-                                   written_snapshots.sha256, read_snapshots.bytes)
+    result.events = StreamCheck(
+        read_events.records, written_events.records, read_events.sha256, written_events.sha256, read_events.bytes
+    )
+    result.snapshots = StreamCheck(
+        read_snapshots.records,
+        written_snapshots.records,
+        read_snapshots.sha256,
+        written_snapshots.sha256,
+        read_snapshots.bytes,
+    )
     result.seconds = time.perf_counter() - started
     (root / MANIFEST).write_text(json.dumps(result.as_json(), indent=2) + "\n")
     return result
 
 
-def _copy(copy: FileBackend, records: Iterable[StoredRecord], stream: Stream, digest: StreamDigest,
-          result: ExportReport, batch_bytes: int) -> None:
+def _copy(
+    copy: FileBackend,
+    records: Iterable[StoredRecord],
+    stream: Stream,
+    digest: StreamDigest,
+    result: ExportReport,
+    batch_bytes: int,
+) -> None:
     batch: list[OutRecord] = []
     size = 0
     for record in records:

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from journal.journal import Journal, ReadReport
-from participants.rollout_state import RolloutProgress
-
-from . import listing
-from .source import ReplaySource
+from rollout_journal.journal.journal import Journal, ReadReport
+from rollout_journal.participants.rollout.state import RolloutProgress
+from rollout_journal.replay import listing
+from rollout_journal.replay.source import ReplaySource
 
 
 @dataclass
@@ -25,5 +24,8 @@ class JournalListing:
 def list_rollouts(journal: Journal) -> JournalListing:
     """Every rollout of an open journal, as ``replay list`` finds it (the journal stays open)."""
     found = listing.list_rollouts(ReplaySource(f"{journal.backend.kind} journal", journal))
-    return JournalListing({r.rollout_id: r.progress for r in found.rows},
-                          {r.rollout_id: r.damaged for r in found.rows if r.damaged is not None}, found.report)
+    return JournalListing(
+        {r.rollout_id: r.progress for r in found.rows},
+        {r.rollout_id: r.damaged for r in found.rows if r.damaged is not None},
+        found.report,
+    )

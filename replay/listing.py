@@ -10,17 +10,18 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
-from journal.journal import JournaledEvent, ReadReport
-from participants.rollout_state import RolloutProgress, StateFoldError
-from participants.specs import forks_in
+from rollout_journal.journal.journal import JournaledEvent, ReadReport
+from rollout_journal.participants.rollout.state import RolloutProgress, StateFoldError
+from rollout_journal.participants.workload.specs import forks_in
+from rollout_journal.replay.partition_scan import PartitionScan, jobs_for
+from rollout_journal.replay.progress import Progress
+from rollout_journal.replay.rollout_status import STATUSES, CrashCount, rollout_status
+from rollout_journal.replay.source import ReplaySource
+from rollout_journal.replay.table import table
 
-from .partition_scan import PartitionScan, jobs_for
-from .progress import Progress
-from .source import ReplaySource
-from .table import table
-
-STATUSES = ("running", "finished", "acknowledged", "damaged")
+__all__ = ["STATUSES", "Listing", "RolloutFilter", "RolloutRow", "list_rollouts"]
 
 
 @dataclass
@@ -30,6 +31,8 @@ class RolloutRow:
     progress: RolloutProgress
     damaged: str | None = None  # why its events do not apply in order
     forked_from: str | None = None  # "<rollout>@<turn>" for a fork
+    crash_count: CrashCount = field(default_factory=CrashCount)
+    events: int = 0  # its events the scan read
 
     @property
     def rollout_id(self) -> str:
@@ -37,34 +40,39 @@ class RolloutRow:
 
     @property
     def status(self) -> str:
-        """running (its last attempt has not finished: still running, or crashed and not resumed),
-        finished, acknowledged (the trainer took it), damaged."""
-        p = self.progress
-        if self.damaged is not None:
-            return "damaged"
-        if p.acknowledged:
-            return "acknowledged"
-        return "finished" if p.finished else "running"
+        """See :func:`rollout_journal.replay.rollout_status.rollout_status`."""
+        return rollout_status(self.progress, damaged=self.damaged is not None)
 
     @property
     def crashes(self) -> int:
-        """Attempts a later attempt superseded (a crash, then a resume); a fork's first attempt,
-        which only copied its origin's turns, is not one."""
-        return max(0, self.progress.attempt - 1 - (1 if self.forked_from else 0))
+        """Attempts a later attempt superseded after they started running (see ``CrashCount``)."""
+        return self.crash_count.crashes
 
     @property
     def crashed(self) -> bool:
-        """A crash hit it: an attempt was superseded, or its last attempt stopped unfinished."""
-        return self.crashes > 0 or self.status in ("running", "damaged")
+        """A crash hit it: an attempt was superseded after it started running, or its newest attempt
+        ran and stopped unfinished (crashed and not resumed yet, or running now), or it is damaged."""
+        return self.crashes > 0 or self.crash_count.stopped_unfinished or self.damaged is not None
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         p = self.progress
         return {
-            "rollout_id": p.rollout_id, "group_id": p.group_id, "status": self.status,
-            "attempts": p.attempt, "epoch": p.epoch, "turns": p.next_turn, "reward": p.reward,
-            "policy_versions": list(p.policy_versions), "model_calls": p.model_calls,
-            "mutations": p.mutation_count, "restarts": p.restarts, "crashes": self.crashes,
-            "forked_from": self.forked_from, "damaged": self.damaged,
+            "rollout_id": p.rollout_id,
+            "group_id": p.group_id,
+            "status": self.status,
+            "attempts": p.attempt,
+            "epoch": p.epoch,
+            "turns": p.next_turn,
+            "reward": p.reward,
+            "policy_versions": list(p.policy_versions),
+            "model_calls": p.model_calls,
+            "mutations": p.mutation_count,
+            "restarts": p.restarts,
+            "crashes": self.crashes,
+            "failures": p.failures,
+            "forked_from": self.forked_from,
+            "damaged": self.damaged,
+            "failure": p.failure,
         }
 
 
@@ -78,10 +86,12 @@ class RolloutFilter:
     crashed: bool = False
 
     def admits(self, row: RolloutRow) -> bool:
-        return ((not self.statuses or row.status in self.statuses)
-                and (self.group is None or row.progress.group_id == self.group)
-                and row.progress.attempt >= self.min_attempts
-                and (not self.crashed or row.crashed))
+        return (
+            (not self.statuses or row.status in self.statuses)
+            and (self.group is None or row.progress.group_id == self.group)
+            and row.progress.attempt >= self.min_attempts
+            and (not self.crashed or row.crashed)
+        )
 
 
 @dataclass
@@ -94,27 +104,52 @@ class Listing:
     events: int = 0
     report: ReadReport = field(default_factory=ReadReport)
 
-    def as_json(self) -> dict:
-        return {"journal": self.location, "rollouts": [r.as_json() for r in self.rows],
-                "shown": len(self.rows), "rollouts_in_journal": self.scanned, "events": self.events}
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "journal": self.location,
+            "rollouts": [r.as_json() for r in self.rows],
+            "shown": len(self.rows),
+            "rollouts_in_journal": self.scanned,
+            "events": self.events,
+        }
 
     def text(self) -> Iterator[str]:
-        rows = [[r.rollout_id, r.progress.group_id, r.status, r.progress.attempt, r.crashes, r.progress.next_turn,
-                 "-" if r.progress.reward is None else f"{r.progress.reward:.3f}",
-                 ", ".join(r.progress.policy_versions) or "-", r.forked_from or ""] for r in self.rows]
-        yield from table(["rollout", "group", "status", "attempts", "crashes", "turns", "reward",
-                          "policy versions", "forked from"], rows, numeric={3, 4, 5, 6})
+        rows = [
+            [
+                r.rollout_id,
+                r.progress.group_id,
+                r.status,
+                r.progress.attempt,
+                r.crashes,
+                r.progress.next_turn,
+                "-" if r.progress.reward is None else f"{r.progress.reward:.3f}",
+                ", ".join(r.progress.policy_versions) or "-",
+                r.forked_from or "",
+            ]
+            for r in self.rows
+        ]
+        yield from table(
+            ["rollout", "group", "status", "attempts", "crashes", "turns", "reward", "policy versions", "forked from"],
+            rows,
+            numeric={3, 4, 5, 6},
+        )
         yield f"{len(self.rows)} of {self.scanned} rollouts ({self.events} events) in {self.location}"
 
 
-def list_rollouts(source: ReplaySource, where: RolloutFilter = RolloutFilter(),
-                  progress: Progress | None = None, *, projected: bool = True, jobs: int | None = 1) -> Listing:
+def list_rollouts(
+    source: ReplaySource,
+    where: RolloutFilter = RolloutFilter(),
+    progress: Progress | None = None,
+    *,
+    projected: bool = True,
+    jobs: int | None = 1,
+) -> Listing:
     """Scan the whole journal (leniently: unreadable records go to ``Listing.report``) and
     return a row per rollout that passes ``where``, in order of first appearance.
 
     The scan decodes only what ``RolloutProgress`` reads of the frequent events
     (``RolloutProgress.READS``); ``projected=False`` decodes every field (the same rows, slower).
-    ``jobs`` worker processes scan the partitions (``replay.partition_scan``; None: as many as
+    ``jobs`` worker processes scan the partitions (``rollout_journal.replay.partition_scan``; None: as many as
     the journal's size repays, what the command line does); the rows are the same either way.
     The default is this process alone: workers are spawned interpreters, which re-run a
     calling script that lacks an ``if __name__ == "__main__"`` guard."""
@@ -155,25 +190,30 @@ def _fold(items: Iterable[JournaledEvent], rows: dict[str, RolloutRow]) -> int:
         row = rows.get(h.rollout_id)
         if row is None:
             row = rows[h.rollout_id] = RolloutRow(RolloutProgress(h.rollout_id, h.group_id))
+        row.events += 1
         if row.damaged is not None:
             continue
         try:
             row.progress.apply(event)
         except StateFoldError as exc:
             row.damaged = f"{exc} at {item.location}"
+            continue
+        row.crash_count.feed(event)
     return events
 
 
-def _list_partition(source: ReplaySource, partition: int, report: ReadReport, progress: Progress, *,
-                    projected: bool) -> tuple[list[RolloutRow], int]:
+def _list_partition(
+    source: ReplaySource, partition: int, report: ReadReport, progress: Progress, *, projected: bool
+) -> tuple[list[RolloutRow], int]:
     """One partition's rows and events (a worker's task)."""
     rows: dict[str, RolloutRow] = {}
     events = _fold(source.scan(report, progress, _fields(projected), [partition]), rows)
     return list(rows.values()), events
 
 
-def _merged(results: list[tuple[int, tuple[list[RolloutRow], int], ReadReport]],
-            listing: Listing) -> dict[str, RolloutRow] | None:
+def _merged(
+    results: list[tuple[int, tuple[list[RolloutRow], int], ReadReport]], listing: Listing
+) -> dict[str, RolloutRow] | None:
     """The partitions' rows in partition order, their events and reports added to ``listing``;
     None if a rollout has events in two partitions (a damaged or foreign journal), which only
     a serial scan folds as one row."""

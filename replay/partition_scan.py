@@ -28,11 +28,10 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Generic, TypeVar
 
-from journal.journal import ReadReport
-
-from .errors import ReplayError
-from .progress import NoProgress, Progress
-from .source import ReplaySource, open_replay
+from rollout_journal.journal.journal import ReadReport
+from rollout_journal.replay.errors import ReplayError
+from rollout_journal.replay.progress import NoProgress, Progress
+from rollout_journal.replay.source import ReplaySource, open_replay
 
 R = TypeVar("R")
 
@@ -103,7 +102,7 @@ def _end_with_parent() -> None:
     threading.Thread(target=watch, name="scan-parent-watch", daemon=True).start()
 
 
-def _work(location: str, partitions: Sequence[int], task: PartitionTask, messages: Connection) -> None:
+def _work(location: str, partitions: Sequence[int], task: PartitionTask[object], messages: Connection) -> None:
     """A worker process: each of ``partitions`` through ``task``, each result sent as it is ready."""
     _end_with_parent()
     try:
@@ -147,8 +146,10 @@ class _Worker:
 
     def died(self) -> ScanWorkerError:
         self.process.join(_DEATH_S)
-        return ScanWorkerError(f"the scan worker for partitions {self.partitions} died (exit code "
-                               f"{self.process.exitcode}) before handing back their results")
+        return ScanWorkerError(
+            f"the scan worker for partitions {self.partitions} died (exit code "
+            f"{self.process.exitcode}) before handing back their results"
+        )
 
 
 class PartitionScan(Generic[R]):
@@ -162,7 +163,7 @@ class PartitionScan(Generic[R]):
         progress = progress or NoProgress()
         context = multiprocessing.get_context("spawn")  # no librdkafka thread state copied by a fork
         partitions = sorted(self.ends)
-        dealt = [partitions[i::self.jobs] for i in range(self.jobs)]
+        dealt = [partitions[i :: self.jobs] for i in range(self.jobs)]
         workers: list[_Worker] = []
         results: dict[int, tuple[R, ReadReport]] = {}
         progress.start(sum(self.ends.values()), self.source.unit)
@@ -171,8 +172,12 @@ class PartitionScan(Generic[R]):
                 # A pipe a worker, whose writing end only that worker holds: a worker that dies,
                 # even half way through a message, is an end of file here, never a wait
                 reader, writer = context.Pipe(duplex=False)
-                process = context.Process(target=_work, args=(self.source.location, mine, self.task, writer),
-                                          name=f"scan-partitions-{','.join(map(str, mine))}", daemon=True)
+                process = context.Process(
+                    target=_work,
+                    args=(self.source.location, mine, self.task, writer),
+                    name=f"scan-partitions-{','.join(map(str, mine))}",
+                    daemon=True,
+                )
                 workers.append(_Worker(process, reader, mine))
                 try:
                     with _interrupts_held():

@@ -1,7 +1,7 @@
 """Progress of a scan through a journal, in the journal's own offsets (Kafka record
 offsets, file journal byte positions), reported to whoever shows it.
 
-Library code only counts; the command line hands in a bar (``replay.terminal``).
+Library code only counts; the command line hands in a bar (``rollout_journal.replay.terminal``).
 Counting is batched so that a scan of millions of events does not pay for the
 bar on every event.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from journal.errors import RecordLocation
+from rollout_journal.journal.errors import RecordLocation
 
 _BATCH = 4096  # offsets between two reports to the bar
 

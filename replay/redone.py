@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from journal import (
+from rollout_journal.journal import (
     Journal,
     ModelCall,
     ReadReport,
@@ -29,11 +29,10 @@ from journal import (
     TurnCompleted,
     open_journal,
 )
-from participants.config import WorkloadConfig
-from participants.rollout_state import RolloutState
-from participants.runner import workload_specs
-
-from .inspect import JournalListing, list_rollouts
+from rollout_journal.participants.rollout.state import RolloutState
+from rollout_journal.participants.workload.config import WorkloadConfig
+from rollout_journal.participants.workload.specs import workload_specs
+from rollout_journal.replay.inspect import JournalListing, list_rollouts
 
 
 @dataclass(frozen=True)
@@ -60,13 +59,15 @@ def _whole(listing: JournalListing, when: str, report: ReadReport | None = None)
     problems = [f"rollout {rid}: {why}" for rid, why in listing.damaged.items()]
     problems += [str(e) for e in [*listing.report.errors, *(report.errors if report else [])]]
     if problems:
-        raise UncountableJournalError(f"the journal {when} does not read whole, so the work redone cannot be "
-                                      f"counted: {'; '.join(problems[:5])}")
+        raise UncountableJournalError(
+            f"the journal {when} does not read whole, so the work redone cannot be counted: {'; '.join(problems[:5])}"
+        )
     return listing
 
 
-NOTHING_COMMITTED = AtCrash(turns=0, finished=False, attempt=0, restarts=0, output_tokens=0, snapshot_turns=0,
-                            snapshot_tokens=0)
+NOTHING_COMMITTED = AtCrash(
+    turns=0, finished=False, attempt=0, restarts=0, output_tokens=0, snapshot_turns=0, snapshot_tokens=0
+)
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,11 @@ def committed_at_crash(journal: Journal) -> dict[str, AtCrash]:
         if covered is not None and covered.restarts != progress.restarts:
             covered = None  # a snapshot of a conversation since started over keeps nothing of this one
         out[rollout_id] = AtCrash(
-            turns=progress.next_turn, finished=progress.finished, attempt=progress.attempt,
-            restarts=progress.restarts, output_tokens=progress.output_tokens,
+            turns=progress.next_turn,
+            finished=progress.finished,
+            attempt=progress.attempt,
+            restarts=progress.restarts,
+            output_tokens=progress.output_tokens,
             snapshot_turns=covered.next_turn if covered is not None else 0,
             snapshot_tokens=covered.output_tokens if covered is not None else 0,
         )
@@ -116,8 +120,10 @@ def redone_after_crash(journal: Journal, at_crash: Mapping[str, AtCrash]) -> dic
         elif isinstance(event, ModelCall):
             tokens[h.rollout_id] += len(event.output_ids)
     after = _whole(list_rollouts(journal), "after the restart", report).rollouts
-    return {rid: Redone(turns[rid], tokens[rid], rid in after and after[rid].restarts > before.restarts)
-            for rid, before in at_crash.items()}
+    return {
+        rid: Redone(turns[rid], tokens[rid], rid in after and after[rid].restarts > before.restarts)
+        for rid, before in at_crash.items()
+    }
 
 
 def workload_at_crash(config: WorkloadConfig) -> dict[str, AtCrash]:

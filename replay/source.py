@@ -14,14 +14,13 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Self, TypeVar
 
-from journal.backend import StoredRecord
-from journal.events import WorkloadRegistered
-from journal.journal import Journal, JournaledEvent, ReadReport
-from journal.open import open_journal
-from journal.snapshots import SnapshotIndex
-
-from .errors import NoSuchRolloutError
-from .progress import NoProgress, OffsetCounter, Progress
+from rollout_journal.journal.backend import StoredRecord
+from rollout_journal.journal.events import WorkloadRegistered
+from rollout_journal.journal.journal import Journal, JournaledEvent, ReadReport
+from rollout_journal.journal.open import open_journal
+from rollout_journal.journal.snapshots import SnapshotIndex
+from rollout_journal.replay.errors import NoSuchRolloutError
+from rollout_journal.replay.progress import NoProgress, OffsetCounter, Progress
 
 Located = TypeVar("Located", JournaledEvent, StoredRecord)
 
@@ -42,9 +41,13 @@ class ReplaySource:
         """What the journal's offsets count: bytes of a file journal, records of a Kafka topic."""
         return "B" if self.journal.backend.kind == "file" else "offsets"
 
-    def scan(self, report: ReadReport, progress: Progress | None = None,
-             fields: Mapping[type, tuple[str, ...]] | None = None,
-             partitions: list[int] | None = None) -> Iterator[JournaledEvent]:
+    def scan(
+        self,
+        report: ReadReport,
+        progress: Progress | None = None,
+        fields: Mapping[type, tuple[str, ...]] | None = None,
+        partitions: list[int] | None = None,
+    ) -> Iterator[JournaledEvent]:
         """Every committed, unfenced event of the journal (of ``partitions`` only, if given),
         partition by partition. Records that do not decode go to ``report`` (and are stepped
         over). ``fields``: decode only those fields of those record types (``Journal.scan``)."""
@@ -56,8 +59,9 @@ class ReplaySource:
         backend = self.journal.backend
         return {p: backend.end_offset(p) for p in range(backend.partitions)}
 
-    def rollout_events(self, rollout_id: str, report: ReadReport,
-                       progress: Progress | None = None) -> Iterator[JournaledEvent]:
+    def rollout_events(
+        self, rollout_id: str, report: ReadReport, progress: Progress | None = None
+    ) -> Iterator[JournaledEvent]:
         """One rollout's events from its first, in order, fenced. Raises
         :class:`NoSuchRolloutError` once its partition is read without finding one."""
         found = False
@@ -86,8 +90,9 @@ class ReplaySource:
         """Workload (and fork) registrations by name."""
         return self.snapshot_index().workloads
 
-    def _counted(self, items: Iterator[Located], partitions: range | list[int],
-                 progress: Progress | None) -> Iterator[Located]:
+    def _counted(
+        self, items: Iterator[Located], partitions: range | list[int], progress: Progress | None
+    ) -> Iterator[Located]:
         progress = progress or NoProgress()
         backend = self.journal.backend
         progress.start(sum(backend.end_offset(p) for p in partitions), self.unit)

@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Iterable
-from typing import Protocol
+from typing import Any, Protocol
 
-from journal.errors import CorruptRecordError
-from journal.journal import ReadReport
-
-from .exit_codes import EXIT_JOURNAL_DAMAGED, EXIT_OK
+from rollout_journal.journal.errors import CorruptRecordError
+from rollout_journal.journal.journal import ReadReport
+from rollout_journal.replay.exit_codes import EXIT_JOURNAL_DAMAGED, EXIT_OK
 
 PROGRESS_DELAY_S = 1.0  # a scan that ends sooner never shows a bar
 
@@ -25,7 +24,7 @@ class CommandResult(Protocol):
 
     report: ReadReport
 
-    def as_json(self) -> dict: ...
+    def as_json(self) -> dict[str, Any]: ...
 
     def text(self) -> Iterable[str]: ...
 
@@ -42,8 +41,16 @@ class BarProgress:
         from tqdm import tqdm
 
         self.finish()
-        self._bar = tqdm(total=total or None, unit=unit, unit_scale=unit == "B", desc=self.what, file=sys.stderr,
-                         delay=PROGRESS_DELAY_S, disable=None, leave=False)
+        self._bar = tqdm(
+            total=total or None,
+            unit=unit,
+            unit_scale=unit == "B",
+            desc=self.what,
+            file=sys.stderr,
+            delay=PROGRESS_DELAY_S,
+            disable=None,
+            leave=False,
+        )
 
     def advance(self, n: int) -> None:
         if self._bar is not None:
@@ -55,11 +62,13 @@ class BarProgress:
             self._bar = None
 
 
-def problems_json(report: ReadReport) -> dict:
+def problems_json(report: ReadReport) -> dict[str, Any]:
     unreadable = [e for e in report.errors if isinstance(e, CorruptRecordError)]
-    return {"unreadable": [str(e) for e in unreadable],
-            "damage": [str(e) for e in report.errors if not isinstance(e, CorruptRecordError)],
-            "fenced_events_dropped": len(report.fenced)}
+    return {
+        "unreadable": [str(e) for e in unreadable],
+        "damage": [str(e) for e in report.errors if not isinstance(e, CorruptRecordError)],
+        "fenced_events_dropped": len(report.fenced),
+    }
 
 
 def emit(result: CommandResult, *, as_json: bool, lines: Iterable[str] | None = None) -> int:
@@ -78,7 +87,6 @@ def emit(result: CommandResult, *, as_json: bool, lines: Iterable[str] | None = 
         print(f"note: {problem}", file=sys.stderr)
     if unreadable:
         more = f" (and {len(unreadable) - 1} more, above)" if len(unreadable) > 1 else ""
-        print(f"rollout-journal: the output lacks what unreadable records held: {unreadable[0]}{more}",
-              file=sys.stderr)
+        print(f"rollout-journal: the output lacks what unreadable records held: {unreadable[0]}{more}", file=sys.stderr)
         return EXIT_JOURNAL_DAMAGED
     return EXIT_OK

@@ -17,14 +17,16 @@ x turn) come from those. :class:`Timeline` is what the text view
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from journal.errors import CorruptRecordError
-from journal.events import (
+from rollout_journal.journal.errors import CorruptRecordError
+from rollout_journal.journal.events import (
     AttemptFenced,
     AttemptStarted,
     HeadCheckpoint,
@@ -32,22 +34,25 @@ from journal.events import (
     ModelCall,
     ResourceMutation,
     RolloutAcknowledged,
+    RolloutFailed,
     RolloutFinished,
     TurnCompleted,
 )
-from journal.journal import JournaledEvent, ReadReport
-from participants.rollout_state import RolloutState, StateFoldError
-
-from .errors import NoSuchTurnError
-from .lineage import TokenSegment
-from .progress import Progress
-from .source import ReplaySource
-from .tokenizers import TokenizerCatalog, TokenizerIdentity
+from rollout_journal.journal.journal import JournaledEvent, ReadReport
+from rollout_journal.participants.rollout.state import RolloutState, StateFoldError
+from rollout_journal.replay.errors import NoSuchTurnError
+from rollout_journal.replay.lineage import TokenSegment
+from rollout_journal.replay.progress import Progress
+from rollout_journal.replay.rollout_status import DAMAGED, FAILED, GIVEN_UP, RUNNING, WORK_EVENTS, rollout_status
+from rollout_journal.replay.source import ReplaySource
+from rollout_journal.replay.tokenizers import TokenizerCatalog, TokenizerIdentity
 
 # Cells of the turn map (attempt x turn).
 COMMITTED, FINISHED, REUSED, DISCARDED, REDONE, COPIED, CRASH = "C", "F", "=", "x", "R", "f", "!"
-MAP_LEGEND = (f"{COMMITTED} committed, {FINISHED} finished there, {REUSED} reused, {CRASH} crashed during it, "
-              f"{DISCARDED} discarded by a restart, {REDONE} redone, {COPIED} copied by a fork")
+MAP_LEGEND = (
+    f"{COMMITTED} committed, {FINISHED} finished there, {REUSED} reused, {CRASH} crashed during it, "
+    f"{DISCARDED} discarded by a restart, {REDONE} redone, {COPIED} copied by a fork"
+)
 
 
 @dataclass
@@ -61,7 +66,7 @@ class CallView:
     turn: int
     seq: int
     policy_version: str
-    sampling: dict
+    sampling: dict[str, Any]
     prefix_len: int
     prompt_delta: np.ndarray
     output_ids: np.ndarray
@@ -73,6 +78,11 @@ class CallView:
     tokenizer: TokenizerIdentity | None = None
     decoded_delta: str | None = None
     decoded_output: str | None = None
+    continuation: str = "unknown"  # first | extend | eos_splice | new_sequence (unknown: before ModelCall.v3)
+    inserted_tokens: int = 0
+    template_check: dict[str, Any] | None = None
+    logprob_mode: str = "unknown"
+    constrained: bool = False
 
     @property
     def prompt_len(self) -> int:
@@ -82,18 +92,50 @@ class CallView:
     def logprob_sum(self) -> float:
         return float(self.logprobs.sum()) if len(self.logprobs) else 0.0
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
-            "call_id": self.call_id, "parent_call_id": self.parent_call_id, "attempt": self.attempt,
-            "epoch": self.epoch, "turn": self.turn, "seq": self.seq, "policy_version": self.policy_version,
-            "sampling": self.sampling, "prefix_len": self.prefix_len, "prompt_len": self.prompt_len,
-            "prompt_delta": self.prompt_delta.tolist(), "output_ids": self.output_ids.tolist(),
-            "logprobs": [float(x) for x in self.logprobs], "finish_reason": self.finish_reason,
-            "latency_ms": self.latency_ms, "segments": [s.as_json() for s in self.segments],
+            "call_id": self.call_id,
+            "parent_call_id": self.parent_call_id,
+            "attempt": self.attempt,
+            "epoch": self.epoch,
+            "turn": self.turn,
+            "seq": self.seq,
+            "policy_version": self.policy_version,
+            "sampling": self.sampling,
+            "prefix_len": self.prefix_len,
+            "prompt_len": self.prompt_len,
+            "prompt_delta": self.prompt_delta.tolist(),
+            "output_ids": self.output_ids.tolist(),
+            "logprobs": [float(x) for x in self.logprobs],
+            "finish_reason": self.finish_reason,
+            "latency_ms": self.latency_ms,
+            "segments": [s.as_json() for s in self.segments],
             "tokenizer": self.tokenizer.as_json() if self.tokenizer else None,
-            "decoded_prompt_delta": self.decoded_delta, "decoded_output": self.decoded_output,
+            "decoded_prompt_delta": self.decoded_delta,
+            "decoded_output": self.decoded_output,
+            "continuation": self.continuation,
+            "inserted_tokens": self.inserted_tokens,
+            "template_check": self.template_check,
+            "logprob_mode": self.logprob_mode,
+            "constrained": self.constrained,
             "location": self.location,
         }
+
+    def how_continued(self) -> str:
+        """``extend; template: 1 sampled turn re-rendered otherwise`` (what ``show`` prints)."""
+        check = self.template_check
+        if check is None or check["agrees"]:
+            said = "template agrees" if check is not None else "not checked"
+        else:
+            parts = []
+            if check["sampled_turns_differing"]:
+                parts.append(f"{check['sampled_turns_differing']} sampled turn(s) a re-render tokenizes otherwise")
+            if check["rendered_turns_differing"]:
+                parts.append(f"{check['rendered_turns_differing']} turn(s) the template rewrites")
+            if check["structure_differs"]:
+                parts.append("another number of turns")
+            said = "template: " + ", ".join(parts or ["differs"])
+        return f"{self.continuation}; {said}"
 
 
 @dataclass
@@ -101,8 +143,8 @@ class MutationView:
     resource_id: str
     kind: str
     op: str
-    args: dict
-    result: dict
+    args: dict[str, Any]
+    result: dict[str, Any]
     prev_revision: int
     revision: int
     idempotency_key: str
@@ -114,7 +156,7 @@ class MutationView:
     seq: int
     location: str
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
@@ -155,16 +197,28 @@ class TurnView:
             parts.append("finished")
         return "; ".join(parts)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
-            "turn": self.turn, "attempt": self.attempt, "epoch": self.epoch, "seq": self.seq,
-            "location": self.location, "ts_ms": self.ts_ms, "life": self.life, "signed": self.signed,
-            "fate": self.fate, "reused_by": self.reused_by,
-            "discarded_by": self.discarded_by, "redo_of": self.redo_of, "copied_from": self.copied_from,
-            "finished": self.finished, "reward": self.reward, "actions": self.actions,
+            "turn": self.turn,
+            "attempt": self.attempt,
+            "epoch": self.epoch,
+            "seq": self.seq,
+            "location": self.location,
+            "ts_ms": self.ts_ms,
+            "life": self.life,
+            "signed": self.signed,
+            "fate": self.fate,
+            "reused_by": self.reused_by,
+            "discarded_by": self.discarded_by,
+            "redo_of": self.redo_of,
+            "copied_from": self.copied_from,
+            "finished": self.finished,
+            "reward": self.reward,
+            "actions": self.actions,
             "messages": [{"role": m.role, "content": m.content} for m in self.messages],
             "resource_revisions": self.resource_revisions,
-            "calls": [c.as_json() for c in self.calls], "mutations": [m.as_json() for m in self.mutations],
+            "calls": [c.as_json() for c in self.calls],
+            "mutations": [m.as_json() for m in self.mutations],
         }
 
 
@@ -189,27 +243,51 @@ class AttemptView:
     turns: list[int] = field(default_factory=list)  # turns it committed
     finished: bool = False
     reused: list[int] = field(default_factory=list)  # earlier attempts' turns it resumed after
+    ran: bool = False  # it journaled work of its own (``rollout_status.WORK_EVENTS``): it got to run
+    failed: str | None = None  # it stopped on an infrastructure failure (RolloutFailed: error, reason)
 
     @property
     def crashed(self) -> bool:
-        """Superseded before it finished: a crash (or a kill) stopped it. A fork's first attempt,
-        which only copies its origin's turns, stops there by design."""
-        return self.superseded_by is not None and not self.finished and self.forked_from is None
+        """Superseded after it started running and before it finished or failed: a crash (or a kill)
+        stopped it. One superseded before it ran (queued behind the concurrency limit) lost nothing;
+        a fork's first attempt, which only copies its origin's turns, stops there by design. The rule
+        ``list`` counts by (``rollout_status.CrashCount``)."""
+        return (
+            self.superseded_by is not None
+            and self.ran
+            and not self.finished
+            and self.failed is None
+            and self.forked_from is None
+        )
 
     @property
     def stopped_at(self) -> int:
         """The turn it was working on when it stopped: the first it did not commit."""
         return (max(self.turns) + 1) if self.turns else self.resumed_from_turn
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
-            "attempt": self.attempt, "epoch": self.epoch, "resumed_from_turn": self.resumed_from_turn,
-            "reason": self.reason, "topology": self.topology, "override": self.override,
-            "forked_from": self.forked_from, "starts_over": self.starts_over, "started_seq": self.started_seq,
-            "ts_ms": self.ts_ms, "life": self.life,
-            "location": self.location, "superseded_by": self.superseded_by, "fence_reason": self.fence_reason,
+            "attempt": self.attempt,
+            "epoch": self.epoch,
+            "resumed_from_turn": self.resumed_from_turn,
+            "reason": self.reason,
+            "topology": self.topology,
+            "override": self.override,
+            "forked_from": self.forked_from,
+            "starts_over": self.starts_over,
+            "started_seq": self.started_seq,
+            "ts_ms": self.ts_ms,
+            "life": self.life,
+            "location": self.location,
+            "superseded_by": self.superseded_by,
+            "fence_reason": self.fence_reason,
             "fences": self.fences,
-            "turns": self.turns, "reused_turns": self.reused, "finished": self.finished, "crashed": self.crashed,
+            "turns": self.turns,
+            "reused_turns": self.reused,
+            "finished": self.finished,
+            "ran": self.ran,
+            "failed": self.failed,
+            "crashed": self.crashed,
             "stopped_at_turn": self.stopped_at if self.crashed else None,
             "messages": [{"role": m.role, "content": m.content} for m in self.messages],
         }
@@ -227,7 +305,7 @@ class Timeline:
     finished: bool = False
     reward: float | None = None
     acknowledged: bool = False
-    outcome: dict | None = None
+    outcome: dict[str, Any] | None = None
     tokenizers: dict[str, TokenizerIdentity] = field(default_factory=dict)  # by policy version
     report: ReadReport = field(default_factory=ReadReport)
     selected_turn: int | None = None  # show only this turn (its every version)
@@ -237,6 +315,32 @@ class Timeline:
     @property
     def crashes(self) -> list[AttemptView]:
         return [a for a in self.attempts if a.crashed]
+
+    @property
+    def crashed(self) -> bool:
+        """A crash hit it, as ``list --crashed`` says: an attempt crashed, or its newest attempt ran and
+        stopped unfinished (crashed and not resumed yet, or running now), or it is damaged."""
+        last = self.attempts[-1] if self.attempts else None
+        stopped = (
+            last is not None and last.ran and not last.finished and last.failed is None and last.forked_from is None
+        )
+        return bool(self.crashes) or stopped or self.damaged is not None
+
+    @property
+    def status(self) -> str:
+        """See :func:`rollout_journal.replay.rollout_status.rollout_status`."""
+        if self.final is None:
+            return DAMAGED if self.damaged else RUNNING
+        return rollout_status(self.final, damaged=self.damaged is not None)
+
+    @property
+    def forked_from(self) -> str | None:
+        """``<origin>@<turn>`` for a fork (its first attempt names it)."""
+        return self.attempts[0].forked_from if self.attempts else None
+
+    @property
+    def policy_versions(self) -> list[str]:
+        return list(self.final.policy_versions) if self.final is not None else []
 
     @property
     def committed_turns(self) -> int:
@@ -272,13 +376,19 @@ class Timeline:
 
     # -- rendering ---------------------------------------------------------------------
     def summary(self) -> str:
-        status = "acknowledged" if self.acknowledged else "finished" if self.finished else \
-            "unfinished (running, or crashed and not resumed)"
+        status = {
+            RUNNING: "running (unfinished: running now, or crashed and not resumed)",
+            FAILED: f"failed ({self.final.failure if self.final else '?'}; resume retries it)",
+            GIVEN_UP: f"given up after {self.final.failures if self.final else '?'} infrastructure failures "
+            f"(the last: {self.final.failure if self.final else '?'})",
+        }.get(self.status, self.status)
         reward = "" if self.reward is None else f", reward {self.reward:.4f}"
         crashes = self.crashes
         crash = f" ({len(crashes)} crash{'es' if len(crashes) != 1 else ''})" if crashes else ""
-        return (f"status {status}{reward}; {self.committed_turns} turns, {len(self.attempts)} "
-                f"attempt{'s' if len(self.attempts) != 1 else ''}{crash}")
+        return (
+            f"status {status}{reward}; {self.committed_turns} turns, {len(self.attempts)} "
+            f"attempt{'s' if len(self.attempts) != 1 else ''}{crash}"
+        )
 
     def text(self, *, tokens: bool = False) -> Iterator[str]:
         """The human view: summary, turn map, then attempts, crash points and turns in log order.
@@ -287,8 +397,10 @@ class Timeline:
         yield self.summary()
         for identity in self.tokenizers.values():
             how = "verified against the policy" if identity.verified else "given, NOT verified against the policy"
-            yield (f"tokenizer {identity.fingerprint[:16]} ({identity.source}, {how}) decodes calls of "
-                   f"{identity.policy_version}")
+            yield (
+                f"tokenizer {identity.fingerprint[:16]} ({identity.source}, {how}) decodes calls of "
+                f"{identity.policy_version}"
+            )
         yield ""
         yield from self._map_lines()
         yield ""
@@ -302,12 +414,23 @@ class Timeline:
                     yield from _turn_lines(item, detail)
             elif kind == "attempt":
                 yield from _attempt_lines(item)
+            elif kind == "failure":
+                yield (
+                    f"!! FAILED: attempt {item.attempt} (epoch {item.epoch}) failed on its infrastructure during "
+                    f"turn {item.stopped_at} ({item.failed}); attempt {item.superseded_by} retried it"
+                )
             else:
-                yield (f"!! CRASH: attempt {item.attempt} (epoch {item.epoch}) stopped during turn {item.stopped_at}"
-                       f" after committing {len(item.turns)} turn{'s' if len(item.turns) != 1 else ''} of its own; "
-                       f"attempt {item.superseded_by} took over")
+                yield (
+                    f"!! CRASH: attempt {item.attempt} (epoch {item.epoch}) stopped during turn {item.stopped_at}"
+                    f" after committing {len(item.turns)} turn{'s' if len(item.turns) != 1 else ''} of its own; "
+                    f"attempt {item.superseded_by} took over"
+                )
         if self.finished and self.selected_turn is None:
-            yield f"== finished: reward {self.reward:.4f}" + ("; acknowledged by the trainer" if self.acknowledged else "")
+            yield f"== finished: reward {self.reward:.4f}" + (
+                "; acknowledged by the trainer" if self.acknowledged else ""
+            )
+        elif self.final is not None and self.final.given_up and self.selected_turn is None:
+            yield f"== given up after {self.final.failures} infrastructure failures, the last: {self.final.failure}"
         if self.damaged:
             yield f"!! DAMAGED: {self.damaged}; the timeline stops there"
 
@@ -333,22 +456,40 @@ class Timeline:
             previous = by_attempt.get(a.attempt - 1)
             if previous is not None and previous.crashed:
                 yield "crash", previous
+            elif previous is not None and previous.failed is not None:
+                yield "failure", previous
             yield "attempt", a
         while pending is not None:
             yield "turn", pending
             pending = next(turns, None)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
-            "rollout_id": self.rollout_id, "group_id": self.group_id, "journal": self.location,
-            "finished": self.finished, "reward": self.reward, "acknowledged": self.acknowledged,
-            "outcome": self.outcome, "committed_turns": self.committed_turns, "selected_turn": self.selected_turn,
+            "rollout_id": self.rollout_id,
+            "group_id": self.group_id,
+            "journal": self.location,
+            "status": self.status,
+            "finished": self.finished,
+            "reward": self.reward,
+            "acknowledged": self.acknowledged,
+            "outcome": self.outcome,
+            "committed_turns": self.committed_turns,
+            "selected_turn": self.selected_turn,
             "damaged": self.damaged,
             "attempts": [a.as_json() for a in self.attempts],
-            "crashes": [{"attempt": a.attempt, "epoch": a.epoch, "stopped_at_turn": a.stopped_at,
-                         "superseded_by": a.superseded_by} for a in self.crashes],
-            "turn_map": {"legend": MAP_LEGEND, "rows": [{"attempt": a, "cells": "".join(c)}
-                                                        for a, c in self.turn_map()]},
+            "crashes": [
+                {
+                    "attempt": a.attempt,
+                    "epoch": a.epoch,
+                    "stopped_at_turn": a.stopped_at,
+                    "superseded_by": a.superseded_by,
+                }
+                for a in self.crashes
+            ],
+            "turn_map": {
+                "legend": MAP_LEGEND,
+                "rows": [{"attempt": a, "cells": "".join(c)} for a, c in self.turn_map()],
+            },
             "turns": [t.as_json() for t in self.shown_turns()],
             "tokenizers": {v: i.as_json() for v, i in self.tokenizers.items()},
         }
@@ -375,9 +516,13 @@ def _turn_lines(t: TurnView, detail: bool) -> Iterator[str]:
     yield f"-- turn {t.turn}  [attempt {t.attempt}, epoch {t.epoch}: {t.fate}]"
     for c in t.calls:
         delta = len(c.prompt_delta)
-        yield (f"   call {c.call_id}  parent {c.parent_call_id or '-'}  {c.policy_version}  prompt {c.prompt_len} "
-               f"tokens ({c.prefix_len} from parent + {delta} new) -> {len(c.output_ids)} tokens, logprob "
-               f"{c.logprob_sum:.3f}, {c.finish_reason}, {c.latency_ms:.1f} ms, seed {c.sampling.get('seed')}")
+        yield (
+            f"   call {c.call_id}  parent {c.parent_call_id or '-'}  {c.policy_version}  prompt {c.prompt_len} "
+            f"tokens ({c.prefix_len} from parent + {c.inserted_tokens} inserted + {delta - c.inserted_tokens} new, "
+            f"{c.how_continued()}) -> {len(c.output_ids)} tokens, logprob {c.logprob_sum:.3f} ({c.logprob_mode}"
+            f"{', constrained' if c.constrained else ''}), {c.finish_reason}, {c.latency_ms:.1f} ms, "
+            f"seed {c.sampling.get('seed')}"
+        )
         if c.decoded_delta is not None:
             yield f"      prompt delta: {c.decoded_delta!r}"
             yield f"      output:       {c.decoded_output!r}"
@@ -385,15 +530,16 @@ def _turn_lines(t: TurnView, detail: bool) -> Iterator[str]:
             yield "      tokens of prompt+output, by who made them:"
             for s in c.segments:
                 kind = "generated" if s.generated else "prompt   "
-                yield (f"        [{s.start:>5}, {s.end:>5})  {kind}  attempt {s.attempt}  turn {s.turn}  "
-                       f"{s.call_id}")
+                yield (f"        [{s.start:>5}, {s.end:>5})  {kind}  attempt {s.attempt}  turn {s.turn}  {s.call_id}")
             yield f"      prompt delta ids {c.prompt_delta.tolist()}"
             yield f"      output ids       {c.output_ids.tolist()}"
             yield f"      logprobs         {[round(float(x), 4) for x in c.logprobs]}"
     for mutation in t.mutations:
-        yield (f"   mutation {mutation.resource_id} r{mutation.prev_revision}->r{mutation.revision} {mutation.op}"
-               f"({json.dumps(mutation.args)}) = {json.dumps(mutation.result)}  digest {mutation.state_digest[:12]}  "
-               f"chain {mutation.chain_hash[:12]}")
+        yield (
+            f"   mutation {mutation.resource_id} r{mutation.prev_revision}->r{mutation.revision} {mutation.op}"
+            f"({json.dumps(mutation.args)}) = {json.dumps(mutation.result)}  digest {mutation.state_digest[:12]}  "
+            f"chain {mutation.chain_hash[:12]}"
+        )
     for message in t.messages:
         yield _message(message)
     if t.reward is not None:
@@ -401,9 +547,12 @@ def _turn_lines(t: TurnView, detail: bool) -> Iterator[str]:
 
 
 def _message(m: Message) -> str:
-    """A message, its later lines indented under its first."""
+    """A message, its later lines indented under its first (tool calls after its text)."""
     indent = "\n" + " " * (5 + len(m.role))
-    return f"   {m.role}: {m.content.replace(chr(10), indent)}"
+    text = m.content + "".join(f"\n[tool call {c.id}] {c.name}({c.arguments_json})" for c in m.tool_calls)
+    if m.tool_call_id is not None:
+        text = f"[answers {m.tool_call_id}] " + text
+    return f"   {m.role}: {text.replace(chr(10), indent)}"
 
 
 def _spans(turns: list[int]) -> str:
@@ -417,8 +566,9 @@ def _spans(turns: list[int]) -> str:
     return ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in runs)
 
 
-class _Builder:
-    """Applies a rollout's events to its state and records the timeline around them."""
+class TimelineBuilder:
+    """Applies a rollout's events to its state and records the timeline around them (``add`` each
+    event of the rollout, in log order)."""
 
     def __init__(self, timeline: Timeline, catalog: TokenizerCatalog | None) -> None:
         self.t = timeline
@@ -442,8 +592,13 @@ class _Builder:
             state.apply(event)  # its lineage labels the head's tokens too
         except StateFoldError as exc:
             raise StateFoldError(f"{exc} at {where}") from None
+        if isinstance(event, WORK_EVENTS) and self.t.attempts and self.t.attempts[-1].attempt == h.attempt:
+            self.t.attempts[-1].ran = True
         if isinstance(event, AttemptStarted):
             self._attempt(state, event, where, starts_over)
+        elif isinstance(event, RolloutFailed):
+            if self.t.attempts:
+                self.t.attempts[-1].failed = f"{event.error}: {event.reason}"
         elif isinstance(event, AttemptFenced):
             for a in self.t.attempts:
                 if a.attempt == event.fenced_attempt:
@@ -453,10 +608,25 @@ class _Builder:
         elif isinstance(event, ModelCall):
             self._call(state, event, where)
         elif isinstance(event, ResourceMutation):
-            self.mutations.append(MutationView(
-                event.resource_id, event.kind, event.op, json.loads(event.args_json), json.loads(event.result_json),
-                event.prev_revision, event.revision, event.idempotency_key, event.state_digest, event.chain_hash,
-                h.attempt, h.epoch, h.turn, h.seq, where))
+            self.mutations.append(
+                MutationView(
+                    event.resource_id,
+                    event.kind,
+                    event.op,
+                    json.loads(event.args_json),
+                    json.loads(event.result_json),
+                    event.prev_revision,
+                    event.revision,
+                    event.idempotency_key,
+                    event.state_digest,
+                    event.chain_hash,
+                    h.attempt,
+                    h.epoch,
+                    h.turn,
+                    h.seq,
+                    where,
+                )
+            )
         elif isinstance(event, TurnCompleted):
             self._turn(state, event, where)
         elif isinstance(event, HeadCheckpoint):  # audit only: the turn's chain heads are signed
@@ -474,9 +644,21 @@ class _Builder:
         h = event.header
         if self.t.attempts:
             self.t.attempts[-1].superseded_by = h.attempt
-        view = AttemptView(h.attempt, h.epoch, event.resumed_from_turn, event.reason, event.topology, h.seq, where,
-                           h.ts_ms, state.restarts, list(event.messages), event.override, event.forked_from,
-                           starts_over)
+        view = AttemptView(
+            h.attempt,
+            h.epoch,
+            event.resumed_from_turn,
+            event.reason,
+            event.topology,
+            h.seq,
+            where,
+            h.ts_ms,
+            state.restarts,
+            list(event.messages),
+            event.override,
+            event.forked_from,
+            starts_over,
+        )
         if starts_over:
             for turn in self.life:
                 turn.discarded_by = h.attempt
@@ -492,7 +674,9 @@ class _Builder:
 
     def _call(self, state: RolloutState, event: ModelCall, where: str) -> None:
         h = event.header
-        if state.lineage is None:  # only a state restored from an old snapshot lacks it; this one is folded from the start
+        if (
+            state.lineage is None
+        ):  # only a state restored from an old snapshot lacks it; this one is folded from the start
             raise StateFoldError(f"rollout {state.rollout_id}: no token lineage at {where}")
         identity = decoded_delta = decoded_output = None
         if self.catalog is not None:
@@ -500,11 +684,40 @@ class _Builder:
             decoded_delta = identity.tokenizer.decode(event.prompt_delta, skip_special_tokens=False)
             decoded_output = identity.tokenizer.decode(event.output_ids, skip_special_tokens=False)
         s = event.sampling
-        self.calls.append(CallView(
-            event.call_id, event.parent_call_id, h.attempt, h.epoch, h.turn, h.seq, event.policy_version,
-            {"temperature": s.temperature, "top_p": s.top_p, "max_tokens": s.max_tokens, "seed": s.seed},
-            event.prefix_len, event.prompt_delta, event.output_ids, event.logprobs, event.finish_reason,
-            event.latency_ms, list(state.lineage.segments), where, identity, decoded_delta, decoded_output))
+        self.calls.append(
+            CallView(
+                event.call_id,
+                event.parent_call_id,
+                h.attempt,
+                h.epoch,
+                h.turn,
+                h.seq,
+                event.policy_version,
+                {
+                    "temperature": s.temperature,
+                    "top_p": s.top_p,
+                    "top_k": s.top_k,
+                    "max_tokens": s.max_tokens,
+                    "seed": s.seed,
+                },
+                event.prefix_len,
+                event.prompt_delta,
+                event.output_ids,
+                event.logprobs,
+                event.finish_reason,
+                event.latency_ms,
+                list(state.lineage.segments),
+                where,
+                identity,
+                decoded_delta,
+                decoded_output,
+                event.continuation,
+                event.inserted_tokens,
+                None if event.template_check is None else dataclasses.asdict(event.template_check),
+                event.logprob_mode,
+                event.constrained,
+            )
+        )
 
     def _turn(self, state: RolloutState, event: TurnCompleted, where: str) -> None:
         h = event.header
@@ -514,9 +727,24 @@ class _Builder:
             origin, _, at_turn = attempt.forked_from.rpartition("@")
             if at_turn.isdigit() and h.turn <= int(at_turn):
                 copied = f"{origin}@{h.turn}"
-        view = TurnView(h.turn, h.attempt, h.epoch, h.seq, where, h.ts_ms, state.restarts, list(event.messages),
-                        list(event.actions), event.reward, self.calls, self.mutations, dict(event.resource_revisions),
-                        redo_of=self.discarded.pop(h.turn, None), copied_from=copied, signed=self.signed)
+        view = TurnView(
+            h.turn,
+            h.attempt,
+            h.epoch,
+            h.seq,
+            where,
+            h.ts_ms,
+            state.restarts,
+            list(event.messages),
+            list(event.actions),
+            event.reward,
+            self.calls,
+            self.mutations,
+            dict(event.resource_revisions),
+            redo_of=self.discarded.pop(h.turn, None),
+            copied_from=copied,
+            signed=self.signed,
+        )
         self.calls, self.mutations, self.signed = [], [], False
         if attempt is not None:
             attempt.turns.append(h.turn)
@@ -524,14 +752,20 @@ class _Builder:
         self.t.turns.append(view)
 
 
-def build_timeline(source: ReplaySource, rollout_id: str, *, catalog: TokenizerCatalog | None,
-                   turn: int | None = None, progress: Progress | None = None) -> Timeline:
+def build_timeline(
+    source: ReplaySource,
+    rollout_id: str,
+    *,
+    catalog: TokenizerCatalog | None,
+    turn: int | None = None,
+    progress: Progress | None = None,
+) -> Timeline:
     """The timeline of ``rollout_id``. ``catalog`` decodes token ids (None: ids only);
     ``turn`` selects one turn to show (every version of it). Unreadable records go to
     ``Timeline.report``; raises ``NoSuchRolloutError``, or ``NoSuchTurnError`` for a turn
     the rollout never committed."""
     timeline = Timeline(rollout_id, "", source.location, selected_turn=turn)
-    builder = _Builder(timeline, catalog)
+    builder = TimelineBuilder(timeline, catalog)
     try:
         for item in source.rollout_events(rollout_id, timeline.report, progress):
             builder.add(item)
@@ -541,6 +775,35 @@ def build_timeline(source: ReplaySource, rollout_id: str, *, catalog: TokenizerC
         timeline.damaged = str(exc)  # a record was unreadable: show what came before it, and name it
     if turn is not None and not timeline.shown_turns():
         committed = sorted({t.turn for t in timeline.turns})
-        raise NoSuchTurnError(f"rollout {rollout_id} never committed turn {turn} (committed: "
-                              f"{_spans(committed) or 'none'})")
+        raise NoSuchTurnError(
+            f"rollout {rollout_id} never committed turn {turn} (committed: {_spans(committed) or 'none'})"
+        )
     return timeline
+
+
+def build_timelines(
+    source: ReplaySource,
+    *,
+    catalog: TokenizerCatalog | None,
+    report: ReadReport,
+    progress: Progress | None = None,
+    feed: Callable[[JournaledEvent], None] | None = None,
+) -> dict[str, Timeline]:
+    """The timeline of every rollout of the journal, in one scan, in order of first appearance
+    (what the whole-journal report draws; it holds them all). A rollout whose events stop applying
+    is ``damaged`` there, and the others go on. ``feed`` sees every event read, in order."""
+    builders: dict[str, TimelineBuilder] = {}
+    for item in source.scan(report, progress):
+        if feed is not None:
+            feed(item)
+        rollout_id = item.event.header.rollout_id
+        builder = builders.get(rollout_id)
+        if builder is None:
+            builder = builders[rollout_id] = TimelineBuilder(Timeline(rollout_id, "", source.location), catalog)
+        if builder.t.damaged is not None:
+            continue
+        try:
+            builder.add(item)
+        except StateFoldError as exc:
+            builder.t.damaged = str(exc)
+    return {rollout_id: b.t for rollout_id, b in builders.items()}

@@ -2,7 +2,7 @@
 
 A ``ModelCall`` records the ``policy_version`` that produced it: ``<model folder
 name>@<12 hex digits>``, the digest covering the folder's config, weights,
-tokenizer and chat template (``participants.tiny_model.policy_version_of``), the
+tokenizer and chat template (``rollout_journal.participants.model.tiny_model.policy_version_of``), the
 same for every backend that loads the folder. A folder whose own policy version
 equals the call's is therefore proven to hold the tokenizer the call was written
 with. Candidates are the model folders the user hands in (``--tokenizer``) and,
@@ -18,11 +18,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from participants.tiny_model import BUILDER_VERSION, policy_version_of, tiny_model_dir
-from participants.tokenizer import ChatTokenizer
-
-from .errors import TokenizerUnavailableError
+from rollout_journal.participants.model.tiny_model import BUILDER_VERSION, policy_version_of, tiny_model_dir
+from rollout_journal.participants.model.tokenizer import ChatTokenizer
+from rollout_journal.replay.errors import TokenizerUnavailableError
 
 _EMBEDDED = re.compile(rf"^{re.escape(BUILDER_VERSION)}-seed(?P<seed>-?\d+)@(?P<digest>[0-9a-f]+)$")
 
@@ -40,9 +40,13 @@ class TokenizerIdentity:
     def fingerprint(self) -> str:
         return self.tokenizer.fingerprint
 
-    def as_json(self) -> dict:
-        return {"policy_version": self.policy_version, "tokenizer_fingerprint": self.fingerprint,
-                "verified": self.verified, "source": self.source}
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "policy_version": self.policy_version,
+            "tokenizer_fingerprint": self.fingerprint,
+            "verified": self.verified,
+            "source": self.source,
+        }
 
 
 @dataclass(frozen=True)
@@ -92,7 +96,8 @@ class TokenizerCatalog:
             raise TokenizerUnavailableError(
                 f"policy {policy_version} was not written by any model folder at hand ({tried}): its token ids "
                 "would decode wrongly. Pass the policy's model folder with --tokenizer, or --no-decode for token "
-                "ids only")
+                "ids only"
+            )
         first = self._given[0]  # a policy no folder reproduces: the one the user named, unverified
         return TokenizerIdentity(policy_version, first.tokenizer(), False, first.source)
 

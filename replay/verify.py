@@ -21,16 +21,17 @@ import argparse
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
-from journal.errors import NotInJournalError
-from journal.events import AttemptStarted, ResourceMutation, RolloutFinished, WorkloadRegistered
-from journal.journal import JournaledEvent, ReadReport
-from participants.environments import Environment, make_environment
-from participants.resources import Recovery, ResourceError
-from participants.rollout_state import RolloutProgress, RolloutSpec, StateFoldError, mutation_record
-from participants.specs import registered_specs
-
-from .scanning import add_journal_argument, open_for_reading, with_progress
+from rollout_journal.journal.errors import NotInJournalError
+from rollout_journal.journal.events import AttemptStarted, ResourceMutation, RolloutFinished, WorkloadRegistered
+from rollout_journal.journal.journal import JournaledEvent, ReadReport
+from rollout_journal.participants.environments import Environment, make_environment
+from rollout_journal.participants.resources import Recovery, ResourceError
+from rollout_journal.participants.rollout import RolloutProgress, StateFoldError, mutation_record
+from rollout_journal.participants.workload.specs import RolloutSpec, registered_specs
+from rollout_journal.replay.progress import Progress
+from rollout_journal.replay.source import open_replay
 
 __all__ = ["Divergence", "MutationVerifier", "VerifyReport", "rollout_specs"]
 
@@ -62,7 +63,7 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.divergences and not self.read_problems
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["ok"] = self.ok
         doc["first_divergence"] = asdict(self.divergences[0]) if self.divergences else None
@@ -71,7 +72,7 @@ class VerifyReport:
 
 def rollout_specs(workloads: Mapping[str, WorkloadRegistered]) -> dict[str, RolloutSpec]:
     """Each registered rollout's spec (environment, task seed), from its workload's registration
-    (a fork's: from its own, see ``participants.specs``)."""
+    (a fork's: from its own, see ``rollout_journal.participants.workload.specs``)."""
     return registered_specs(workloads)
 
 
@@ -128,9 +129,14 @@ class MutationVerifier:
             return
         resource = env.resources.get(rid)
         if resource is None:
-            self._diverged(rid, rollout_id, event.revision, where,
-                           f"environment {self.specs[rollout_id].environment!r} of rollout {rollout_id} has no "
-                           f"resource {rid!r} (known: {', '.join(sorted(env.resources))})")
+            self._diverged(
+                rid,
+                rollout_id,
+                event.revision,
+                where,
+                f"environment {self.specs[rollout_id].environment!r} of rollout {rollout_id} has no "
+                f"resource {rid!r} (known: {', '.join(sorted(env.resources))})",
+            )
             return
         if resource.recovery is not Recovery.EVENT_SOURCED:
             self._skip(rid, resource.recovery)
@@ -152,21 +158,31 @@ class MutationVerifier:
             except (ValueError, AttributeError):
                 recorded = {}
             for rid, resource in rollout.env.resources.items():
-                if (rid not in recorded or rid in self._broken or resource.recovery is not Recovery.EVENT_SOURCED
-                        or (self.resource is not None and rid != self.resource)):
+                if (
+                    rid not in recorded
+                    or rid in self._broken
+                    or resource.recovery is not Recovery.EVENT_SOURCED
+                    or (self.resource is not None and rid != self.resource)
+                ):
                     continue
                 if resource.state_digest() != recorded[rid]:
-                    self._diverged(rid, event.header.rollout_id, resource.revision, where,
-                                   f"the rebuilt state digest {resource.state_digest()[:12]} differs from the digest "
-                                   f"{recorded[rid][:12]} the finished rollout recorded")
+                    self._diverged(
+                        rid,
+                        event.header.rollout_id,
+                        resource.revision,
+                        where,
+                        f"the rebuilt state digest {resource.state_digest()[:12]} differs from the digest "
+                        f"{recorded[rid][:12]} the finished rollout recorded",
+                    )
         self._end_life(rollout)
 
     def _environment(self, rollout: _Rollout, rollout_id: str) -> Environment | None:
         if rollout.env is None:
             spec = self.specs.get(rollout_id)
             if spec is None:
-                self.report.skipped[rollout_id] = ("no WorkloadRegistered record names this rollout, so its "
-                                                   "environment is unknown")
+                self.report.skipped[rollout_id] = (
+                    "no WorkloadRegistered record names this rollout, so its environment is unknown"
+                )
                 return None
             rollout.env = make_environment(spec.environment, rollout_id, spec.environment_task())
             for resource in rollout.env.resources.values():
@@ -174,8 +190,9 @@ class MutationVerifier:
         return rollout.env
 
     def _skip(self, resource_id: str, recovery: Recovery) -> None:
-        self.report.skipped.setdefault(resource_id, f"{recovery.value}: its state is not a fold of its mutations "
-                                                    "(audit checks its chain)")
+        self.report.skipped.setdefault(
+            resource_id, f"{recovery.value}: its state is not a fold of its mutations (audit checks its chain)"
+        )
 
     def _diverged(self, resource_id: str, rollout_id: str, revision: int, where: str, reason: str) -> None:
         self.report.divergences.append(Divergence(resource_id, rollout_id, revision, where, reason))
@@ -196,13 +213,15 @@ class MutationVerifier:
         return self.report
 
 
-def verify_journal(location: str, resource: str | None = None) -> tuple[VerifyReport, bool]:
+def verify_journal(
+    location: str, resource: str | None = None, progress: Progress | None = None
+) -> tuple[VerifyReport, bool]:
     """Verify a whole journal; (report, whether ``resource`` was found)."""
     read = ReadReport()
-    with open_for_reading(location) as journal:
-        verifier = MutationVerifier(rollout_specs(journal.snapshots().workloads), resource)
+    with open_replay(location) as source:
+        verifier = MutationVerifier(rollout_specs(source.registrations()), resource)
         try:
-            for item in with_progress(journal.scan(read), "verify"):
+            for item in source.scan(read, progress):
                 verifier.feed(item)
         finally:
             report = verifier.finish(read)
@@ -211,23 +230,34 @@ def verify_journal(location: str, resource: str | None = None) -> tuple[VerifyRe
 
 # -- the command line ---------------------------------------------------------------
 
-def add_command(sub: argparse._SubParsersAction) -> None:
+
+def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser(
-        "verify", help="re-apply event-sourced resources' mutations and compare state digests (reads only)",
+        "verify",
+        help="re-apply event-sourced resources' mutations and compare state digests (reads only)",
         description="Rebuilds each rollout's environment from its workload's registration, re-applies the "
-                    "journaled mutations of every event-sourced resource and compares revisions, state digests, "
-                    "results and chain hashes with the journal's. Reports the first divergence of each resource, "
-                    "naming the record. Exit code 1 when one is found.")
+        "journaled mutations of every event-sourced resource and compares revisions, state digests, "
+        "results and chain hashes with the journal's. Reports the first divergence of each resource, "
+        "naming the record. Exit code 1 when one is found.",
+    )
     p.add_argument("resource", nargs="?", help="verify only this resource (e.g. demo-g0-s0/mail)")
+    from rollout_journal.replay.cli.options import add_journal_argument
+
     add_journal_argument(p)
     p.add_argument("--json", action="store_true", help="the report as JSON")
 
 
 def run_command(args: argparse.Namespace) -> int:
-    report, found = verify_journal(args.journal, args.resource)
+    from rollout_journal.replay.cli.options import journal_location
+    from rollout_journal.replay.terminal import BarProgress
+
+    location = journal_location(args)
+    report, found = verify_journal(location, args.resource, BarProgress("verify"))
     if not found:
-        raise NotInJournalError(f"no mutation of resource {args.resource!r} in journal {args.journal} "
-                                "(`rollout-journal audit` lists every resource)")
+        raise NotInJournalError(
+            f"no mutation of resource {args.resource!r} in journal {location} "
+            "(`rollout-journal audit` lists every resource)"
+        )
     if args.json:
         print(json.dumps(report.as_json(), indent=1))
         return 0 if report.ok else 1
@@ -244,7 +274,10 @@ def run_command(args: argparse.Namespace) -> int:
         for other in report.divergences[1:]:
             print(f"also diverged: {other}")
     verdict = "no divergence" if report.ok else f"{len(report.divergences)} resource(s) DIVERGED"
-    print(f"{verdict}: {report.mutations_replayed} mutations of {report.resource_lives} event-sourced resource "
-          f"lives re-applied over {report.rollouts} rollouts; state digests match the journal's"
-          if report.ok else f"{verdict}; {report.mutations_replayed} mutations re-applied in all")
+    print(
+        f"{verdict}: {report.mutations_replayed} mutations of {report.resource_lives} event-sourced resource "
+        f"lives re-applied over {report.rollouts} rollouts; state digests match the journal's"
+        if report.ok
+        else f"{verdict}; {report.mutations_replayed} mutations re-applied in all"
+    )
     return 0 if report.ok else 1

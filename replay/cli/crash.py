@@ -21,14 +21,19 @@ from collections.abc import Callable
 
 import yaml
 
-from journal import RolloutJournalError
-from participants.config import WorkloadConfig
+from rollout_journal.journal import RolloutJournalError
+from rollout_journal.participants.workload.config import WorkloadConfig
 
 PROGRESS_LINE = "turn-committed"
 
 
 class WorkloadChildError(RolloutJournalError):
-    """The workload's child process failed on its own, before it could be killed."""
+    """The workload's child process failed on its own, before it could be killed. ``exit_code``:
+    the child's, when it ended with one (the command that ran it ends with the same)."""
+
+    def __init__(self, message: str, exit_code: int | None = None) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class SelfKill:
@@ -61,9 +66,11 @@ class SelfKill:
     def counting(self, on_turn: Callable[[str, int], None]) -> Callable[[str, int], None]:
         """``on_turn`` (a workload's durable-turn callback), then this drill's count: whatever
         ``on_turn`` reports of a turn is out before the kill that turn may arm."""
+
         def counted(rollout_id: str, turn: int) -> None:
             on_turn(rollout_id, turn)
             self.turn_durable()
+
         return counted
 
     def disarm(self) -> str:
@@ -73,10 +80,14 @@ class SelfKill:
             if self._timer is not None:
                 self._timer.cancel()
         if self.turns < self.after_turns:
-            return (f"the workload ended after {self.turns} durable turns, before the crash point "
-                    f"({self.after_turns}): it was not killed")
-        return (f"the workload ended within {self.delay_s:g} s of its durable turn {self.after_turns}, "
-                "before the kill: it was not killed")
+            return (
+                f"the workload ended after {self.turns} durable turns, before the crash point "
+                f"({self.after_turns}): it was not killed"
+            )
+        return (
+            f"the workload ended within {self.delay_s:g} s of its durable turn {self.after_turns}, "
+            "before the kill: it was not killed"
+        )
 
     def _arm(self) -> None:
         if self.delay_s == 0:
@@ -92,8 +103,9 @@ class SelfKill:
                 os.kill(os.getpid(), signal.SIGKILL)
 
 
-def crash_midway(config: WorkloadConfig, kill_after: int, *, extra_delay_s: float = 0.0,
-                 timeout_s: float = 300.0) -> int | None:
+def crash_midway(
+    config: WorkloadConfig, kill_after: int, *, extra_delay_s: float = 0.0, timeout_s: float = 300.0
+) -> int | None:
     """Run ``config`` in a child process that SIGKILLs itself once ``kill_after`` turns are
     durable, plus ``extra_delay_s`` (so that the kill can land anywhere in the turns then in flight).
 
@@ -105,17 +117,30 @@ def crash_midway(config: WorkloadConfig, kill_after: int, *, extra_delay_s: floa
         yaml.safe_dump(config.model_dump(), f)
         config_path = f.name
     child = subprocess.Popen(
-        [sys.executable, "-m", "replay.cli", "run", config_path, "--progress-lines",
-         "--crash-after", str(kill_after), "--crash-delay", repr(extra_delay_s)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "rollout_journal.replay.cli.main",
+            "run",
+            config_path,
+            "--progress-lines",
+            "--crash-after",
+            str(kill_after),
+            "--crash-delay",
+            repr(extra_delay_s),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         stdout, stderr = child.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         child.kill()
         child.communicate()
-        raise WorkloadChildError(f"the workload child was still running after {timeout_s:g} s; "
-                                 f"it should have crashed {kill_after} turns in") from None
+        raise WorkloadChildError(
+            f"the workload child was still running after {timeout_s:g} s; it should have crashed {kill_after} turns in"
+        ) from None
     finally:
         os.unlink(config_path)
     committed = sum(1 for line in stdout.splitlines() if line.startswith(PROGRESS_LINE))
@@ -124,5 +149,7 @@ def crash_midway(config: WorkloadConfig, kill_after: int, *, extra_delay_s: floa
     if child.returncode != -signal.SIGKILL:
         raise WorkloadChildError(
             f"the workload child exited with {child.returncode} before the crash point "
-            f"({committed} turns committed): {stderr[-2000:]}")
+            f"({committed} turns committed): {stderr[-2000:]}",
+            child.returncode if child.returncode > 0 else None,
+        )
     return committed

@@ -21,17 +21,17 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
-from journal.events import ResourceMutation
-from journal.journal import ReadReport
-from participants.environments import make_environment
-from participants.resources import MutationRecord, Recovery, Resource
-from participants.rollout_state import RolloutState, StateFoldError, mutation_record
-from participants.specs import resolve_spec
-
-from .errors import NoSuchResourceError, NoSuchRevisionError
-from .progress import Progress
-from .source import ReplaySource
+from rollout_journal.journal.events import ResourceMutation
+from rollout_journal.journal.journal import ReadReport
+from rollout_journal.participants.environments import make_environment
+from rollout_journal.participants.resources import MutationRecord, Recovery, Resource
+from rollout_journal.participants.rollout import RolloutState, StateFoldError, mutation_record
+from rollout_journal.participants.workload.specs import resolve_spec
+from rollout_journal.replay.errors import NoSuchResourceError, NoSuchRevisionError
+from rollout_journal.replay.progress import Progress
+from rollout_journal.replay.source import ReplaySource
 
 
 @dataclass
@@ -51,29 +51,34 @@ class ResourceAtRevision:
     chain_hash: str
     base: str  # what the fold started from
     replayed: int  # mutations re-applied on top of the base
-    mutation: dict | None  # the mutation that made this revision (None: the initial state)
+    mutation: dict[str, Any] | None  # the mutation that made this revision (None: the initial state)
     report: ReadReport = field(default_factory=ReadReport)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         doc = dict(self.__dict__)
         del doc["report"]
         return doc
 
     def text(self) -> Iterator[str]:
         life = f" (life {self.life} of {self.lives})" if self.lives > 1 else ""
-        yield (f"resource {self.resource_id} ({self.kind}, {self.recovery}) at revision {self.revision} of "
-               f"{self.latest_revision}{life}")
+        yield (
+            f"resource {self.resource_id} ({self.kind}, {self.recovery}) at revision {self.revision} of "
+            f"{self.latest_revision}{life}"
+        )
         yield f"rebuilt from {self.base}, then {self.replayed} journaled mutations re-applied and checked"
         if self.mutation is not None:
             m = self.mutation
-            yield (f"made by {m['op']}({json.dumps(m['args'])}) in turn {m['turn']} of attempt {m['attempt']} "
-                   f"(epoch {m['epoch']}), key {m['idempotency_key']}")
+            yield (
+                f"made by {m['op']}({json.dumps(m['args'])}) in turn {m['turn']} of attempt {m['attempt']} "
+                f"(epoch {m['epoch']}), key {m['idempotency_key']}"
+            )
         yield f"state digest {self.state_digest}  chain {self.chain_hash}"
         yield json.dumps(self.state, indent=2, sort_keys=True)
 
 
-def resource_state(source: ReplaySource, resource_id: str, revision: int, *, life: int | None = None,
-                   progress: Progress | None = None) -> ResourceAtRevision:
+def resource_state(
+    source: ReplaySource, resource_id: str, revision: int, *, life: int | None = None, progress: Progress | None = None
+) -> ResourceAtRevision:
     """The state of ``resource_id`` (``<rollout>/<name>``) at ``revision``. Raises
     ``NoSuchRolloutError``, :class:`NoSuchResourceError` or :class:`NoSuchRevisionError`
     naming what the journal holds, and ``ReplayDivergenceError`` naming the revision where
@@ -103,18 +108,23 @@ def resource_state(source: ReplaySource, resource_id: str, revision: int, *, lif
     try:
         resource = env.resources.get(resource_id)
         if resource is None:
-            raise NoSuchResourceError(f"rollout {rollout_id} (environment {spec.environment!r}) has no resource "
-                                      f"{resource_id!r}; its resources: {', '.join(sorted(env.resources))}")
+            raise NoSuchResourceError(
+                f"rollout {rollout_id} (environment {spec.environment!r}) has no resource "
+                f"{resource_id!r}; its resources: {', '.join(sorted(env.resources))}"
+            )
         chosen = len(lives) - 1 if life is None else life
         if not 0 <= chosen < len(lives):
-            raise NoSuchRevisionError(f"rollout {rollout_id} has lives 0..{len(lives) - 1} (it started over "
-                                      f"{len(lives) - 1} times); there is no life {chosen}")
+            raise NoSuchRevisionError(
+                f"rollout {rollout_id} has lives 0..{len(lives) - 1} (it started over "
+                f"{len(lives) - 1} times); there is no life {chosen}"
+            )
         records = lives[chosen]
         latest = records[-1].revision if records else 0
         if not 0 <= revision <= latest:
             raise NoSuchRevisionError(
                 f"resource {resource_id} has revisions 0..{latest} in life {chosen} of this journal; "
-                f"there is no revision {revision}")
+                f"there is no revision {revision}"
+            )
         base, base_revision = _base(source, rollout_id, resource, chosen, revision)
         replayed = 0
         for record in records:
@@ -123,9 +133,22 @@ def resource_state(source: ReplaySource, resource_id: str, revision: int, *, lif
                 replayed += 1
         made_by = next((r for r in records if r.revision == revision), None)
         return ResourceAtRevision(
-            resource_id, rollout_id, resource.kind, resource.recovery.value, chosen, len(lives), revision, latest,
-            resource.canonical_state(), resource.state_digest(), resource.chain_hash, base, replayed,
-            None if made_by is None else made_by.to_dict() | {"turn": turns[(chosen, revision)]}, report)
+            resource_id,
+            rollout_id,
+            resource.kind,
+            resource.recovery.value,
+            chosen,
+            len(lives),
+            revision,
+            latest,
+            resource.canonical_state(),
+            resource.state_digest(),
+            resource.chain_hash,
+            base,
+            replayed,
+            None if made_by is None else made_by.to_dict() | {"turn": turns[(chosen, revision)]},
+            report,
+        )
     finally:
         env.close()
 
@@ -141,6 +164,8 @@ def _base(source: ReplaySource, rollout_id: str, resource: Resource, life: int, 
                 exported_revision = int(json.loads(exported)["revision"])
                 if exported_revision <= revision:
                     resource.import_state(exported)
-                    return f"its export at revision {exported_revision} in the snapshot at {loaded.location}", \
-                        exported_revision
+                    return (
+                        f"its export at revision {exported_revision} in the snapshot at {loaded.location}",
+                        exported_revision,
+                    )
     return "the task's initial state (revision 0)", 0

@@ -1,7 +1,7 @@
 """The newcomer's demo: crash a workload with SIGKILL mid-run, resume it, and
 show that no finished turn was thrown away and the results are identical to an
 uninterrupted run. What the restart redid is read from the journal
-(:mod:`replay.redone`), and the restore's time is shown phase by phase."""
+(:mod:`rollout_journal.replay.redone`), and the restore's time is shown phase by phase."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
-from journal.open import is_kafka_url
-from participants.config import WorkloadConfig
-from participants.runner import RestoreTiming, RunReport
-from participants.workload import run_workload
-
-from .crash import WorkloadChildError, crash_midway
-from .redone import AtCrash, workload_at_crash, workload_redone
+from rollout_journal.journal.open import is_kafka_url
+from rollout_journal.participants.workload.config import WorkloadConfig
+from rollout_journal.participants.workload.run import run_workload
+from rollout_journal.participants.workload.runner import RestoreTiming, RunReport
+from rollout_journal.replay.cli.crash import WorkloadChildError, crash_midway
+from rollout_journal.replay.redone import AtCrash, workload_at_crash, workload_redone
 
 
 @dataclass
@@ -42,7 +42,7 @@ class DemoReport:
     killed_after_turns: int = 0
     restore: RestoreTiming = field(default_factory=RestoreTiming)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> dict[str, Any]:
         return {
             "backend": self.backend,
             "journal": self.journal,
@@ -62,9 +62,27 @@ class DemoReport:
         }
 
 
+# examples/demo.yaml, for an installed copy that has no examples/ beside it (tests/replay/test_examples.py
+# keeps the two equal).
+BUILT_IN_DEMO = {
+    "name": "demo",
+    "groups": 4,
+    "siblings": 3,
+    "max_turns": 6,
+    "environment": "workplace",
+    "seed": 7,
+    "allow_early_submit": False,
+    "turn_delay_ms": 40,
+    "snapshot_every_turns": 2,
+    "concurrency": 5,
+    "journal": "runs/journal",
+    "model": {"temperature": 1.0, "max_tokens": 48},
+}
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"  # the repository's, beside the packages
+
+
 def default_demo_config(journal: str | None) -> WorkloadConfig:
-    example = Path(__file__).resolve().parent.parent / "examples" / "demo.yaml"
-    base = WorkloadConfig.load(example) if example.exists() else WorkloadConfig(allow_early_submit=False, turn_delay_ms=40)
+    base = WorkloadConfig.load(EXAMPLE) if EXAMPLE.exists() else WorkloadConfig.model_validate(BUILT_IN_DEMO)
     if journal is None:
         journal = str(Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
     return base.model_copy(update={"journal": journal})
@@ -84,8 +102,14 @@ def compare(reference: RunReport, resumed: RunReport) -> list[str]:
     return differences
 
 
-def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after: int | None = None,
-             config: WorkloadConfig | None = None, say: Callable[[str], None] = lambda message: None) -> DemoReport:
+def run_demo(
+    journal: str | None = None,
+    *,
+    seed: int | None = None,
+    kill_after: int | None = None,
+    config: WorkloadConfig | None = None,
+    say: Callable[[str], None] = lambda message: None,
+) -> DemoReport:
     """Crash ``config`` (default: examples/demo.yaml) and resume it. ``journal`` overrides its
     journal; ``say`` receives one line per step (the CLI prints them to stderr as progress)."""
     if config is None:
@@ -99,16 +123,22 @@ def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after:
         # end, where every started rollout has just finished and a naive restart would lose nothing.
         wave = config.concurrency * config.max_turns
         waves = max(1, total_turns // wave)
-        kill_after = rng.randrange(waves) * wave + rng.randint(config.concurrency, max(config.concurrency, wave - config.concurrency))
+        kill_after = rng.randrange(waves) * wave + rng.randint(
+            config.concurrency, max(config.concurrency, wave - config.concurrency)
+        )
         kill_after = min(kill_after, total_turns - 1)  # a wave larger than the workload: still die before the end
     report = DemoReport("kafka" if is_kafka_url(config.journal) else "file", config.journal)
     say(f"1/4 uninterrupted reference run of {config.groups}x{config.siblings} rollouts, journaling off")
     reference = run_workload(config.model_copy(update={"journaling": False, "turn_delay_ms": 0.0}), resume=False)
-    say(f"2/4 running the workload in a child process, journal {config.journal}; SIGKILL after {kill_after} committed turns")
+    say(
+        f"2/4 running the workload in a child process, journal {config.journal}; SIGKILL after {kill_after} committed turns"
+    )
     killed_after = crash_midway(config, kill_after)
     if killed_after is None:
-        raise WorkloadChildError(f"the workload child finished all {total_turns} turns before the crash point "
-                                 f"({kill_after} turns); choose a smaller --kill-after")
+        raise WorkloadChildError(
+            f"the workload child finished all {total_turns} turns before the crash point "
+            f"({kill_after} turns); choose a smaller --kill-after"
+        )
     report.killed_after_turns = killed_after
     say("3/4 reading what the journal holds at the crash")
     at_crash = _at_crash(config, killed_after)
@@ -118,16 +148,23 @@ def run_demo(journal: str | None = None, *, seed: int | None = None, kill_after:
     redone = workload_redone(config, at_crash)
     for rid, before in sorted(at_crash.items()):
         outcome = resumed.rollouts[rid].outcome
-        report.rows.append(DemoRow(
-            rollout_id=rid, turns_at_crash=before.turns, finished_at_crash=before.finished,
-            naive_redo=0 if before.finished else before.turns,
-            redone_here=redone[rid].turns, redone_tokens_here=redone[rid].tokens,
-            turns_after=outcome["turns"] if outcome else 0,
-        ))
+        report.rows.append(
+            DemoRow(
+                rollout_id=rid,
+                turns_at_crash=before.turns,
+                finished_at_crash=before.finished,
+                naive_redo=0 if before.finished else before.turns,
+                redone_here=redone[rid].turns,
+                redone_tokens_here=redone[rid].tokens,
+                turns_after=outcome["turns"] if outcome else 0,
+            )
+        )
     report.differences = compare(reference, resumed)
     committed = sum(row.turns_at_crash for row in report.rows)
     if committed < report.killed_after_turns:  # the child reported more turns durable than the journal holds
-        report.differences.append(f"{report.killed_after_turns - committed} turns reported durable are not in the journal")
+        report.differences.append(
+            f"{report.killed_after_turns - committed} turns reported durable are not in the journal"
+        )
     report.identical_to_uninterrupted = not report.differences
     return report
 
@@ -153,16 +190,34 @@ def format_table(report: DemoReport) -> str:
         lines.append(f"{r.rollout_id:<16} {str(r.turns_at_crash) + state:>20} {r.naive_redo:>22} {r.redone_here:>19}")
     j = report.as_json()
     lines.append("-" * len(head))
-    lines.append(f"{'total':<16} {j['turns_committed_at_crash']:>20} {j['naive_turns_thrown_away']:>22} {j['turns_redone']:>19}")
-    verdict = "identical to an uninterrupted run" if report.identical_to_uninterrupted else \
-        "DIFFERENT from an uninterrupted run: " + "; ".join(report.differences)
+    lines.append(
+        f"{'total':<16} {j['turns_committed_at_crash']:>20} {j['naive_turns_thrown_away']:>22} {j['turns_redone']:>19}"
+    )
+    verdict = (
+        "identical to an uninterrupted run"
+        if report.identical_to_uninterrupted
+        else "DIFFERENT from an uninterrupted run: " + "; ".join(report.differences)
+    )
     ms = j["restore_ms"]
     lines.append("")
-    lines.append(f"backend {report.backend}, journal {report.journal}; killed with SIGKILL after "
-                 f"{report.killed_after_turns} committed turns")
-    lines.append(f"restore took {ms['total']:.1f} ms: reading the journal {ms['read']:.1f}, folding events "
-                 f"{ms['fold']:.1f}, rebuilding environments {ms['rebuild']:.1f}, writing the fences {ms['fence']:.1f}")
-    lines.append(f"turns thrown away (redone after the restart, as the journal shows): {j['turns_thrown_away']} "
-                 f"({j['tokens_redone']} tokens); a restart from turn 1 would throw away {j['naive_turns_thrown_away']}")
+    committed = j["turns_committed_at_crash"]
+    together = (
+        ""
+        if committed == report.killed_after_turns
+        else f" (the kill was due once {report.killed_after_turns} were; turns made durable in the same group"
+        " commit as that one count too)"
+    )
+    lines.append(
+        f"backend {report.backend}, journal {report.journal}; killed with SIGKILL with {committed} turns "
+        f"committed{together}"
+    )
+    lines.append(
+        f"restore took {ms['total']:.1f} ms: reading the journal {ms['read']:.1f}, folding events "
+        f"{ms['fold']:.1f}, rebuilding environments {ms['rebuild']:.1f}, writing the fences {ms['fence']:.1f}"
+    )
+    lines.append(
+        f"turns thrown away (redone after the restart, as the journal shows): {j['turns_thrown_away']} "
+        f"({j['tokens_redone']} tokens); a restart from turn 1 would throw away {j['naive_turns_thrown_away']}"
+    )
     lines.append(f"tokens, resource states and rewards: {verdict}")
     return "\n".join(lines)
