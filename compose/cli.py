@@ -1,12 +1,12 @@
 """The ``kafka`` sub-command: run a local Kafka broker for development without Docker.
 
-``replay/cli.py`` calls :func:`register_kafka_commands` on its sub-parsers and hands
+``replay/cli/main.py`` calls :func:`register_kafka_commands` on its sub-parsers and hands
 the parsed arguments of ``kafka ...`` to :func:`run_kafka_command`. Each command
 prints one line: a result on stdout, or an error on stderr with exit code 1.
 
 ``kafka up --sasl`` starts the cluster with a SASL/SCRAM listener and Kafka's authorizer;
 ``kafka user`` adds a SCRAM user to it and ``kafka grant`` gives a user the minimal ACLs
-of one namespace (:mod:`journal.kafka_access`). ``user`` and ``grant`` also work on any
+of one namespace (:mod:`rollout_journal.journal.kafka.access`). ``user`` and ``grant`` also work on any
 other cluster (``--bootstrap-servers``), logged in with the credentials of the environment
 (``ROLLOUT_JOURNAL_LIBRDKAFKA_SASL_USERNAME`` ...) of an admin who may alter it.
 """
@@ -22,8 +22,8 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from compose.broker_config import SASL_LISTENER, SCRAM_MECHANISM
-from compose.broker_daemon import (
+from rollout_journal.compose.broker.config import SASL_LISTENER, SCRAM_MECHANISM
+from rollout_journal.compose.broker.daemon import (
     LocalClusterStatus,
     admin_client,
     default_state_dir,
@@ -31,8 +31,6 @@ from compose.broker_daemon import (
     status,
     up,
 )
-from compose.errors import LocalBrokerError
-from journal.errors import RolloutJournalError
 
 _DESCRIPTION = """\
 Run a real Apache Kafka cluster (KRaft, combined broker+controller nodes) on free
@@ -42,7 +40,7 @@ The brokers keep running after this command exits; `kafka down` stops them.
 With Docker, compose/docker-compose.yml runs a 3-node cluster instead."""
 
 
-def register_kafka_commands(subparsers: Any) -> argparse.ArgumentParser:
+def register_kafka_commands(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> argparse.ArgumentParser:
     """Add ``kafka up|down|status`` to an ``add_subparsers()`` object; return the ``kafka`` parser.
 
     The parsed namespace gets ``kafka_command`` (up/down/status) and
@@ -66,18 +64,25 @@ def register_kafka_commands(subparsers: Any) -> argparse.ArgumentParser:
         "factor 3, min.insync.replicas=2, so one node may die.",
     )
     up_parser.add_argument(
-        "--nodes", type=_positive_int, default=1, metavar="N",
+        "--nodes",
+        type=_positive_int,
+        default=1,
+        metavar="N",
         help="number of nodes (default: 1; 3 for fault tests)",
     )
     up_parser.add_argument("--state-dir", type=Path, default=None, metavar="DIR", help=state_help)
     up_parser.add_argument(
-        "--ready-timeout", type=float, default=60.0, metavar="SECONDS",
+        "--ready-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
         help="how long to wait for the brokers to register (default: 60)",
     )
     up_parser.add_argument(
-        "--sasl", action="store_true",
+        "--sasl",
+        action="store_true",
         help="clients log in with SASL/SCRAM-SHA-512 and Kafka's authorizer allows only what ACLs grant; "
-             "add users with `kafka user`, give them a namespace with `kafka grant`",
+        "add users with `kafka user`, give them a namespace with `kafka grant`",
     )
 
     down_parser = commands.add_parser(
@@ -97,8 +102,10 @@ def register_kafka_commands(subparsers: Any) -> argparse.ArgumentParser:
     )
     status_parser.add_argument("--state-dir", type=Path, default=None, metavar="DIR", help=state_help)
 
-    cluster_help = ("another cluster to act on (default: the one `kafka up --sasl` started), logged in with "
-                    "the ROLLOUT_JOURNAL_LIBRDKAFKA_* credentials of the environment")
+    cluster_help = (
+        "another cluster to act on (default: the one `kafka up --sasl` started), logged in with "
+        "the ROLLOUT_JOURNAL_LIBRDKAFKA_* credentials of the environment"
+    )
     user_parser = commands.add_parser(
         "user",
         help="create a SCRAM-SHA-512 user (or give it a new password); the password is read from stdin",
@@ -119,30 +126,29 @@ def register_kafka_commands(subparsers: Any) -> argparse.ArgumentParser:
     grant_parser.add_argument("--namespace", required=True, metavar="NS", help="the journal's namespace")
     grant_parser.add_argument("--user", required=True, metavar="USER", help="the user name (User:USER)")
     grant_parser.add_argument("--reader", action="store_true", help="read-only: list, show, audit, replay")
-    grant_parser.add_argument("--no-create", action="store_true",
-                              help="leave out CREATE on the topics (an operator creates them)")
+    grant_parser.add_argument(
+        "--no-create", action="store_true", help="leave out CREATE on the topics (an operator creates them)"
+    )
     grant_parser.add_argument("--state-dir", type=Path, default=None, metavar="DIR", help=state_help)
     grant_parser.add_argument("--bootstrap-servers", metavar="HOST:PORT", help=cluster_help)
     return kafka
 
 
 def run_kafka_command(args: argparse.Namespace) -> int:
-    """Run the parsed ``kafka`` sub-command; return the process exit code."""
+    """Run the parsed ``kafka`` sub-command; return the process exit code. A failure is raised
+    (``LocalBrokerError`` or a journal error): the command line turns it into its exit code
+    (``replay.cli.live.kafka``), which this room does not know."""
     command = args.kafka_command
-    try:
-        if command == "up":
-            return _up(args)
-        if command == "down":
-            return _down(args)
-        if command == "status":
-            return _status(args)
-        if command == "user":
-            return _user(args)
-        if command == "grant":
-            return _grant(args)
-    except (LocalBrokerError, RolloutJournalError) as exc:
-        print(f"kafka {command}: error: {_indent_details(str(exc))}", file=sys.stderr)
-        return 1
+    if command == "up":
+        return _up(args)
+    if command == "down":
+        return _down(args)
+    if command == "status":
+        return _status(args)
+    if command == "user":
+        return _user(args)
+    if command == "grant":
+        return _grant(args)
     print(f"kafka: unknown command {command!r} (expected up, down, status, user or grant)", file=sys.stderr)
     return 2
 
@@ -152,10 +158,7 @@ def _up(args: argparse.Namespace) -> int:
     bootstrap = up(args.nodes, args.state_dir, ready_timeout_s=args.ready_timeout, sasl=args.sasl)
     verb = "already running" if before is not None and before.running else "started"
     if not args.sasl:
-        print(
-            f"kafka up: {verb}, {_nodes(args.nodes)} at {bootstrap} "
-            f"(export KAFKA_BOOTSTRAP_SERVERS={bootstrap})"
-        )
+        print(f"kafka up: {verb}, {_nodes(args.nodes)} at {bootstrap} (export KAFKA_BOOTSTRAP_SERVERS={bootstrap})")
         return 0
     current = status(args.state_dir)
     print(
@@ -174,20 +177,21 @@ def _admin(args: argparse.Namespace, namespace: str = "rollout-journal") -> tupl
     if args.bootstrap_servers is None:
         admin, current = admin_client(args.state_dir)
         return admin, current.bootstrap_servers
-    from journal.kafka_config import (
+    from rollout_journal.journal.kafka.config import (
         KafkaSettings,  # the same environment variables as every journal client
     )
 
     settings = KafkaSettings.from_env(
         {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"},
-        bootstrap_servers=args.bootstrap_servers, namespace=namespace,
+        bootstrap_servers=args.bootstrap_servers,
+        namespace=namespace,
     )
     config: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers, **settings.librdkafka}
     return AdminClient(config), settings.bootstrap_servers
 
 
 def _user(args: argparse.Namespace) -> int:
-    from compose.scram_users import upsert_scram_user
+    from rollout_journal.compose.scram_users import upsert_scram_user
 
     if sys.stdin.isatty():
         password = getpass.getpass(f"password of user {args.name}: ")
@@ -195,13 +199,15 @@ def _user(args: argparse.Namespace) -> int:
         password = sys.stdin.readline().rstrip("\r\n")
     admin, bootstrap = _admin(args)
     upsert_scram_user(admin, args.name, password)
-    print(f"kafka user: {args.name} logs in with {SCRAM_MECHANISM} at {bootstrap}; it may do nothing until "
-          f"`kafka grant --namespace NS --user {args.name}`")
+    print(
+        f"kafka user: {args.name} logs in with {SCRAM_MECHANISM} at {bootstrap}; it may do nothing until "
+        f"`kafka grant --namespace NS --user {args.name}`"
+    )
     return 0
 
 
 def _grant(args: argparse.Namespace) -> int:
-    from journal.kafka_access import (
+    from rollout_journal.journal.kafka.access import (
         Role,
         create_acls,
         describe_rights,
@@ -214,8 +220,10 @@ def _grant(args: argparse.Namespace) -> int:
     admin, bootstrap = _admin(args, args.namespace)
     create_acls(admin, bindings)
     rights = namespace_rights(role, create_topics=not args.no_create)
-    print(f"kafka grant: user {args.user} may now work in namespace {args.namespace} as a {role} at {bootstrap} "
-          f"({describe_rights(args.namespace, rights)})")
+    print(
+        f"kafka grant: user {args.user} may now work in namespace {args.namespace} as a {role} at {bootstrap} "
+        f"({describe_rights(args.namespace, rights)})"
+    )
     return 0
 
 
@@ -263,7 +271,7 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _indent_details(message: str) -> str:
+def indent_details(message: str) -> str:
     # First line says what failed; log tails that follow stay readable but set apart.
     first, _, rest = message.partition("\n")
     return first + "".join(f"\n    {line}" for line in rest.splitlines())

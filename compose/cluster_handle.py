@@ -1,7 +1,7 @@
 """What every handle on brokers this process started shares, however they were started.
 
-The jar launcher (:mod:`compose.local_broker`), Docker Compose (:mod:`compose.compose_cluster`)
-and testcontainers (:mod:`compose.broker_container`) each return a handle. :class:`BrokerHandle`
+The jar launcher (:mod:`rollout_journal.compose.local_broker`), Docker Compose (:mod:`rollout_journal.compose.compose_cluster`)
+and testcontainers (:mod:`rollout_journal.compose.broker.container`) each return a handle. :class:`BrokerHandle`
 makes any of them a ``with`` block that stops what it started, and stops at interpreter exit
 what its caller forgot to; :class:`ClusterHandle` adds the metadata questions a fault drill asks
 (:meth:`ClusterHandle.partition_leader`), so one drill runs on either cluster.
@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any, Self
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient
 
-from compose.errors import LocalBrokerError
+from rollout_journal.compose.errors import LocalBrokerError
+from rollout_journal.journal.deadlines import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -66,10 +67,10 @@ def describe_partition(
 
     The broker that answers may not know a just-created topic yet (each learns of it from the
     controller in its own time), so "unknown topic" is asked again until ``timeout_s`` has passed."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
         try:
-            md = admin.list_topics(topic=topic, timeout=max(deadline - time.monotonic(), 0.1))
+            md = admin.list_topics(topic=topic, timeout=deadline.left(at_least=0.1))
         except KafkaException as exc:  # no answer in time (a busy or restarting cluster): not yet either
             error = str(exc.args[0] if exc.args else exc)
         else:
@@ -83,7 +84,7 @@ def describe_partition(
                 error = str(meta.error)
             else:
                 raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {meta.error}")
-        if time.monotonic() >= deadline:
+        if deadline.passed():
             raise LocalBrokerError(f"topic {topic!r} on {bootstrap}: {error} after {timeout_s} s")
         time.sleep(0.1)
     part = meta.partitions.get(partition)

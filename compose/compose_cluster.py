@@ -4,8 +4,8 @@
 free loopback ports (the compose file's port variables) and the locally built
 image, and returns once all three brokers are registered. The
 :class:`ComposeKafkaCluster` it returns has the fault-drill interface of
-:class:`compose.local_broker.LocalKafkaCluster` (``kill_node``, ``restart_node``, and
-``partition_leader`` from their shared :class:`compose.cluster_handle.ClusterHandle`), so one
+:class:`rollout_journal.compose.local_broker.LocalKafkaCluster` (``kill_node``, ``restart_node``, and
+``partition_leader`` from their shared :class:`rollout_journal.compose.cluster_handle.ClusterHandle`), so one
 drill runs on either; ``down`` removes containers and volumes. Debian's ``docker-compose`` (1.29) is used, or ``docker compose``.
 """
 
@@ -20,10 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from compose.broker_image import DockerImageError, docker_cli, image_name, image_status
-from compose.cluster_handle import ClusterHandle
-from compose.errors import LocalBrokerError
-from compose.local_broker import free_ports, wait_for_brokers
+from rollout_journal.compose.broker.image import DockerImageError, docker_cli, image_name, image_status
+from rollout_journal.compose.cluster_handle import ClusterHandle
+from rollout_journal.compose.errors import LocalBrokerError
+from rollout_journal.compose.local_broker import free_ports, wait_for_brokers
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +40,9 @@ def compose_command() -> list[str]:
     standalone = shutil.which("docker-compose")
     if standalone is not None:
         return [standalone]
-    probe = subprocess.run([docker_cli(), "compose", "version"], capture_output=True, check=False,
-                           stdin=subprocess.DEVNULL)
+    probe = subprocess.run(
+        [docker_cli(), "compose", "version"], capture_output=True, check=False, stdin=subprocess.DEVNULL
+    )
     if probe.returncode == 0:
         return [docker_cli(), "compose"]
     raise ComposeError("no compose tool: install `docker-compose` (Debian: `apt-get install docker-compose`)")
@@ -73,11 +74,12 @@ def run_compose(
 ) -> subprocess.CompletedProcess[str]:
     """Run one compose command on :data:`COMPOSE_FILE`; :class:`ComposeError` with its output on failure."""
     cmd = [*compose_command(), "--project-name", project, "--file", str(COMPOSE_FILE), *args]
-    done = subprocess.run(cmd, env=dict(env), capture_output=True, text=True, timeout=timeout_s,
-                          stdin=subprocess.DEVNULL, check=False)
+    done = subprocess.run(
+        cmd, env=dict(env), capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL, check=False
+    )
     if done.returncode != 0:
         output = "\n".join((done.stdout + done.stderr).rstrip().splitlines()[-30:])
-        raise ComposeError(f"`{' '.join(cmd[len(compose_command()):])}` failed (exit {done.returncode}):\n{output}")
+        raise ComposeError(f"`{' '.join(cmd[len(compose_command()) :])}` failed (exit {done.returncode}):\n{output}")
     return done
 
 
@@ -123,8 +125,11 @@ class ComposeKafkaCluster(ClusterHandle):
         """Start a stopped node's container again (same data) and wait until it serves metadata."""
         self.compose("start", service(node_id))
         wait_for_brokers(
-            self.node_bootstrap(node_id), {node_id}, timeout_s=ready_timeout_s,
-            what=f"restarted {service(node_id)}", dead=lambda: self.exited(node_id),
+            self.node_bootstrap(node_id),
+            {node_id},
+            timeout_s=ready_timeout_s,
+            what=f"restarted {service(node_id)}",
+            dead=lambda: self.exited(node_id),
             details=lambda: self.logs_tail(node_id),
         )
         log.info("%s of compose project %s restarted", service(node_id), self.project)
@@ -132,9 +137,20 @@ class ComposeKafkaCluster(ClusterHandle):
     def container_id(self, node_id: int) -> str | None:
         """The id of the node's container, found by the labels compose puts on it."""
         done = subprocess.run(
-            [docker_cli(), "ps", "--all", "--quiet", "--filter", f"label=com.docker.compose.project={self.project}",
-             "--filter", f"label=com.docker.compose.service={service(node_id)}"],
-            capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL,
+            [
+                docker_cli(),
+                "ps",
+                "--all",
+                "--quiet",
+                "--filter",
+                f"label=com.docker.compose.project={self.project}",
+                "--filter",
+                f"label=com.docker.compose.service={service(node_id)}",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
         )
         return done.stdout.split()[0] if done.returncode == 0 and done.stdout.split() else None
 
@@ -145,7 +161,10 @@ class ComposeKafkaCluster(ClusterHandle):
             return f"{service(node_id)} of compose project {self.project} has no container"
         state = subprocess.run(
             [docker_cli(), "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", cid],
-            capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
         ).stdout.split()
         if state[:1] == ["running"]:
             return None
@@ -157,8 +176,13 @@ class ComposeKafkaCluster(ClusterHandle):
         cid = self.container_id(node_id)
         if cid is None:
             return f"(no container for {service(node_id)})"
-        done = subprocess.run([docker_cli(), "logs", "--tail", str(lines), cid], capture_output=True, text=True,
-                              check=False, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [docker_cli(), "logs", "--tail", str(lines), cid],
+            capture_output=True,
+            text=True,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
         return f"--- {service(node_id)}: docker logs\n" + (done.stdout + done.stderr).rstrip()
 
 
@@ -167,7 +191,7 @@ def start_compose_cluster(
 ) -> ComposeKafkaCluster:
     """``up -d`` the compose file's 3 nodes on free loopback ports; return once all are registered.
 
-    ``image`` (default :func:`compose.broker_image.image_name`) must already be in
+    ``image`` (default :func:`rollout_journal.compose.broker.image.image_name`) must already be in
     the local engine: the compose file says ``pull_policy: never``. On failure the
     project is taken down again and the error carries the nodes' output.
     """
@@ -175,7 +199,7 @@ def start_compose_cluster(
     if not image_status(image).usable:
         raise DockerImageError(
             f"image {image} is not in the local Docker engine and is never pulled: build it with "
-            "`python3 -m compose.broker_image build`"
+            "`python3 -m rollout_journal.compose.broker.image build`"
         )
     all_ports = free_ports(2 * len(NODE_IDS))
     ports = {n: (all_ports[2 * i], all_ports[2 * i + 1]) for i, n in enumerate(NODE_IDS)}
@@ -189,8 +213,11 @@ def start_compose_cluster(
             return next((r for r in map(cluster.exited, NODE_IDS) if r is not None), None)
 
         wait_for_brokers(
-            cluster.bootstrap_servers, set(NODE_IDS), timeout_s=ready_timeout_s,
-            what=f"compose cluster {project}", dead=dead,
+            cluster.bootstrap_servers,
+            set(NODE_IDS),
+            timeout_s=ready_timeout_s,
+            what=f"compose cluster {project}",
+            dead=dead,
             details=lambda: "\n".join(cluster.logs_tail(n) for n in NODE_IDS),
         )
     except BaseException:
@@ -198,4 +225,3 @@ def start_compose_cluster(
         raise
     log.info("compose cluster %s ready at %s", project, cluster.bootstrap_servers)
     return cluster
-

@@ -1,7 +1,7 @@
 """The common base of every local-broker failure, in a module of its own.
 
-:mod:`compose.maven_jars`, :mod:`compose.local_broker` and
-:mod:`compose.broker_daemon` each raise their own subclasses; keeping the base
+:mod:`rollout_journal.compose.maven_jars`, :mod:`rollout_journal.compose.local_broker` and
+:mod:`rollout_journal.compose.broker.daemon` each raise their own subclasses; keeping the base
 here lets them import it without importing each other, and lets the CLI catch
 one type for all of them.
 """

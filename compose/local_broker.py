@@ -4,10 +4,10 @@
 and returns once every broker is registered; the :class:`LocalKafkaCluster` it
 returns stops it again, or injects faults (:meth:`LocalKafkaCluster.kill_node`,
 :meth:`LocalKafkaCluster.restart_node`); its ``with`` block and metadata questions
-(``partition_leader``) are :class:`compose.cluster_handle.ClusterHandle`'s. Attached clusters
+(``partition_leader``) are :class:`rollout_journal.compose.cluster_handle.ClusterHandle`'s. Attached clusters
 are stopped at interpreter exit so a failing test leaves no broker behind. The jars come from
-:mod:`compose.broker_jars`; the detached ``kafka up`` mode is
-:mod:`compose.broker_daemon`.
+:mod:`rollout_journal.compose.broker.jars`; the detached ``kafka up`` mode is
+:mod:`rollout_journal.compose.broker.daemon`.
 
 Every broker listens on free loopback ports only; nothing here binds a fixed port.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from confluent_kafka import KafkaException
 
-from compose.broker_config import (
+from rollout_journal.compose.broker.config import (
     STORAGE_TOOL,
     SaslSecurity,
     broker_command,
@@ -41,9 +41,10 @@ from compose.broker_config import (
     server_config,
     write_properties,
 )
-from compose.broker_jars import ensure_broker_jars, require_java
-from compose.cluster_handle import ClusterHandle, admin_client
-from compose.errors import LocalBrokerError
+from rollout_journal.compose.broker.jars import ensure_broker_jars, require_java
+from rollout_journal.compose.cluster_handle import ClusterHandle, admin_client
+from rollout_journal.compose.errors import LocalBrokerError
+from rollout_journal.journal.deadlines import Deadline
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +109,7 @@ class LocalKafkaNode:
 class LocalKafkaCluster(ClusterHandle):
     """A running local cluster. Use as a context manager, or call :meth:`stop`.
 
-    ``detached`` clusters (from :func:`compose.broker_daemon.up`) are not children
+    ``detached`` clusters (from :func:`rollout_journal.compose.broker.daemon.up`) are not children
     of this process and are not stopped at interpreter exit; attached ones are.
     A cluster started with ``sasl`` admits authenticated clients only: :attr:`admin_security`
     logs in as its super user (its repr never shows the password).
@@ -136,8 +137,7 @@ class LocalKafkaCluster(ClusterHandle):
             if node.node_id == node_id:
                 return node
         raise LocalBrokerError(
-            f"no node {node_id} in the cluster at {self.bootstrap_servers} "
-            f"(nodes: {[n.node_id for n in self.nodes]})"
+            f"no node {node_id} in the cluster at {self.bootstrap_servers} (nodes: {[n.node_id for n in self.nodes]})"
         )
 
     def stop(self, timeout_s: float = 15.0, *, remove_data: bool | None = None) -> None:
@@ -175,8 +175,13 @@ class LocalKafkaCluster(ClusterHandle):
         _launch(node, self.libs_dir, detached=self.detached)
         # Probe through this node only: an answer proves the new process serves requests.
         _wait_registered(
-            [node], self.nodes, probe_bootstrap=node.bootstrap, expected={node_id},
-            timeout_s=ready_timeout_s, what=f"restarted node {node_id}", security=self.admin_security,
+            [node],
+            self.nodes,
+            probe_bootstrap=node.bootstrap,
+            expected={node_id},
+            timeout_s=ready_timeout_s,
+            what=f"restarted node {node_id}",
+            security=self.admin_security,
         )
         log.info("node %d restarted (pid %s)", node_id, node.pid)
 
@@ -201,11 +206,11 @@ def start_local_cluster(
     ``min.insync.replicas`` one less, so a 3-node cluster survives one SIGKILL.
     ``extra_config`` overrides any generated server property. Without ``data_dir``
     a temporary one is created and removed by :meth:`LocalKafkaCluster.stop`.
-    ``detached`` nodes outlive this process (used by :func:`compose.broker_daemon.up`).
+    ``detached`` nodes outlive this process (used by :func:`rollout_journal.compose.broker.daemon.up`).
     ``sasl`` starts a SASL/SCRAM listener with Kafka's authorizer instead of PLAINTEXT
-    (see :class:`compose.broker_config.SaslSecurity`); its super user's SCRAM credential is
+    (see :class:`rollout_journal.compose.broker.config.SaslSecurity`); its super user's SCRAM credential is
     written into the first metadata, other users are added while it runs
-    (:func:`compose.kafka_security.upsert_scram_user`).
+    (:func:`rollout_journal.compose.scram_users.upsert_scram_user`).
 
     Returns once every broker is registered; on failure everything started is
     stopped and :class:`BrokerStartError` carries the logs' tail.
@@ -225,8 +230,11 @@ def start_local_cluster(
             except PortTakenError:
                 if attempt == PORT_ATTEMPTS:
                     raise
-                log.warning("a port picked for the %d-node cluster was taken before its broker bound it: "
-                            "starting again on other ports", nodes)
+                log.warning(
+                    "a port picked for the %d-node cluster was taken before its broker bound it: "
+                    "starting again on other ports",
+                    nodes,
+                )
         raise AssertionError("unreachable")
     except BaseException:
         if owns:
@@ -245,22 +253,36 @@ class PortTakenError(BrokerStartError):
 
 
 def _start_once(
-    java: str, libs: Path, nodes: int, root: Path, owns: bool, extra_config: dict[str, str] | None,
-    ready_timeout_s: float, detached: bool, sasl: SaslSecurity | None,
+    java: str,
+    libs: Path,
+    nodes: int,
+    root: Path,
+    owns: bool,
+    extra_config: dict[str, str] | None,
+    ready_timeout_s: float,
+    detached: bool,
+    sasl: SaslSecurity | None,
 ) -> LocalKafkaCluster:
     """One try of :func:`start_local_cluster` on freshly picked ports."""
     ports = free_ports(2 * nodes)
     members = [
         LocalKafkaNode(
-            node_id=i + 1, port=ports[2 * i], controller_port=ports[2 * i + 1],
+            node_id=i + 1,
+            port=ports[2 * i],
+            controller_port=ports[2 * i + 1],
             node_dir=root / f"node-{i + 1}",
         )
         for i in range(nodes)
     ]
     cluster = LocalKafkaCluster(
-        bootstrap_servers=",".join(n.bootstrap for n in members), nodes=members,
-        data_dir=root, cluster_id=random_cluster_id(), libs_dir=libs,
-        detached=detached, owns_data_dir=owns, sasl=sasl,
+        bootstrap_servers=",".join(n.bootstrap for n in members),
+        nodes=members,
+        data_dir=root,
+        cluster_id=random_cluster_id(),
+        libs_dir=libs,
+        detached=detached,
+        owns_data_dir=owns,
+        sasl=sasl,
     )
     started = time.monotonic()
     created: list[Path] = []  # node dirs this try made: removed again if it is tried again
@@ -274,7 +296,8 @@ def _start_once(
             node.log_dirs.mkdir(parents=True)
             node.logs_dir.mkdir(parents=True)
             write_properties(
-                node.server_properties, server_config(node, members, node.log_dirs, extra_config or {}, sasl=sasl),
+                node.server_properties,
+                server_config(node, members, node.log_dirs, extra_config or {}, sasl=sasl),
                 private=sasl is not None,
             )
             node.log4j_properties.write_text(log4j2_properties())
@@ -285,9 +308,13 @@ def _start_once(
         for node in members:
             _launch(node, libs, detached=detached)
         _wait_registered(
-            members, members, probe_bootstrap=cluster.bootstrap_servers,
-            expected={n.node_id for n in members}, timeout_s=ready_timeout_s,
-            what=f"{nodes}-node cluster", security=cluster.admin_security,
+            members,
+            members,
+            probe_bootstrap=cluster.bootstrap_servers,
+            expected={n.node_id for n in members},
+            timeout_s=ready_timeout_s,
+            what=f"{nodes}-node cluster",
+            security=cluster.admin_security,
         )
     except BaseException as error:
         cluster.stop(timeout_s=5.0, remove_data=False)  # the logs say why, below; the caller removes what it owns
@@ -298,7 +325,10 @@ def _start_once(
         raise
     log.info(
         "Kafka %d-node cluster ready at %s in %.1f s (data in %s%s)",
-        nodes, cluster.bootstrap_servers, time.monotonic() - started, root,
+        nodes,
+        cluster.bootstrap_servers,
+        time.monotonic() - started,
+        root,
         "" if sasl is None else f"; SASL/SCRAM with ACLs, super user {sasl.admin_user}",
     )
     return cluster
@@ -327,15 +357,26 @@ def free_ports(count: int) -> list[int]:
 
 
 def _format_all(
-    java: str, libs: Path, members: list[LocalKafkaNode], cluster_id: str, *, standalone: bool,
+    java: str,
+    libs: Path,
+    members: list[LocalKafkaNode],
+    cluster_id: str,
+    *,
+    standalone: bool,
     scram: tuple[str, ...] = (),
 ) -> None:
     """Run StorageTool format for every node in parallel (each is a JVM start)."""
     running = []
     for node in members:
         cmd = format_command(
-            java, libs, server_properties=node.server_properties, log4j_properties=node.log4j_properties,
-            logs_dir=node.logs_dir, cluster_id=cluster_id, standalone=standalone, scram=scram,
+            java,
+            libs,
+            server_properties=node.server_properties,
+            log4j_properties=node.log4j_properties,
+            logs_dir=node.logs_dir,
+            cluster_id=cluster_id,
+            standalone=standalone,
+            scram=scram,
         )
         if scram:  # a salted SCRAM password logs in: keep it off the command line
             cmd = hide_arguments(cmd, STORAGE_TOOL, node.node_dir / "format.args")
@@ -366,13 +407,19 @@ def _launch(node: LocalKafkaNode, libs: Path, *, detached: bool) -> None:
     Popen that Python would warn about.
     """
     cmd = broker_command(
-        require_java(), libs, server_properties=node.server_properties,
-        log4j_properties=node.log4j_properties, logs_dir=node.logs_dir,
+        require_java(),
+        libs,
+        server_properties=node.server_properties,
+        log4j_properties=node.log4j_properties,
+        logs_dir=node.logs_dir,
     )
     with open(node.console_log, "ab") as console:
         if not detached:
             node.process = subprocess.Popen(
-                cmd, stdout=console, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cmd,
+                stdout=console,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
             node.pid = node.process.pid
@@ -380,7 +427,10 @@ def _launch(node: LocalKafkaNode, libs: Path, *, detached: bool) -> None:
     script = 'log="$1"; shift; "$@" </dev/null >>"$log" 2>&1 & echo $!'
     done = subprocess.run(
         ["/bin/sh", "-c", script, "sh", str(node.console_log), *cmd],
-        capture_output=True, text=True, start_new_session=True, timeout=30,
+        capture_output=True,
+        text=True,
+        start_new_session=True,
+        timeout=30,
     )
     if done.returncode != 0 or not done.stdout.strip().isdigit():
         raise BrokerStartError(f"could not launch node {node.node_id} detached: {done.stderr.strip()}")
@@ -408,8 +458,13 @@ def _wait_registered(
         return None
 
     wait_for_brokers(
-        probe_bootstrap, expected, timeout_s=timeout_s, what=what, dead=dead,
-        details=lambda: "\n".join(_node_log_tails(n) for n in watched), security=security,
+        probe_bootstrap,
+        expected,
+        timeout_s=timeout_s,
+        what=what,
+        dead=dead,
+        details=lambda: "\n".join(_node_log_tails(n) for n in watched),
+        security=security,
     )
 
 
@@ -431,14 +486,14 @@ def wait_for_brokers(
     ``security`` logs the probe in (a SASL cluster's super user). Raises :class:`BrokerStartError`.
     """
     admin = admin_client(probe_bootstrap, security)
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     seen: set[int] = set()
     while True:
         reason = dead()
         if reason is not None:
             raise BrokerStartError(f"{what}: {reason}")
         try:
-            md = admin.list_topics(timeout=min(2.0, max(0.1, deadline - time.monotonic())))
+            md = admin.list_topics(timeout=deadline.left(at_least=0.1, at_most=2.0))
             seen = set(md.brokers)
             if expected <= seen:
                 admin.poll(0)
@@ -446,7 +501,7 @@ def wait_for_brokers(
         except KafkaException:
             pass
         admin.poll(0)
-        if time.monotonic() >= deadline:
+        if deadline.passed():
             raise BrokerStartError(
                 f"{what} at {probe_bootstrap} not ready after {timeout_s:.0f} s: brokers "
                 f"{sorted(expected)} expected, {sorted(seen) or 'none'} registered\n{details()}"
@@ -491,11 +546,11 @@ def _signal(node: LocalKafkaNode, sig: signal.Signals) -> None:
             os.kill(node.pid, sig)
 
 
-def _wait_gone(node: LocalKafkaNode, deadline: float) -> bool:
+def _wait_gone(node: LocalKafkaNode, deadline: Deadline) -> bool:
     while True:
         if node.process is not None:
             try:
-                node.process.wait(timeout=max(0.0, min(0.2, deadline - time.monotonic())))
+                node.process.wait(timeout=deadline.left(at_most=0.2))
                 return True
             except subprocess.TimeoutExpired:
                 pass
@@ -506,13 +561,13 @@ def _wait_gone(node: LocalKafkaNode, deadline: float) -> bool:
             return True
         else:
             time.sleep(0.1)
-        if time.monotonic() >= deadline:
+        if deadline.passed():
             return not node.is_running()
 
 
 def _kill_and_reap(node: LocalKafkaNode, sig: signal.Signals, timeout_s: float) -> None:
     _signal(node, sig)
-    if not _wait_gone(node, time.monotonic() + timeout_s):
+    if not _wait_gone(node, Deadline(timeout_s)):
         raise LocalBrokerError(f"node {node.node_id} (pid {node.pid}) survived {sig.name} for {timeout_s} s")
 
 
@@ -520,7 +575,7 @@ def _terminate_all(nodes: list[LocalKafkaNode], timeout_s: float) -> None:
     """SIGTERM all at once (so the quorum shuts down together), then SIGKILL stragglers."""
     for node in nodes:
         _signal(node, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     for node in nodes:
         if not _wait_gone(node, deadline):
             log.warning("node %d (pid %s) ignored SIGTERM for %.0f s: killing it", node.node_id, node.pid, timeout_s)
@@ -549,4 +604,3 @@ def _node_log_tails(node: LocalKafkaNode, lines: int = 25) -> str:
         f"--- node {node.node_id}: tail of {node.server_log}\n{_tail_file(node.server_log, lines)}\n"
         f"--- node {node.node_id}: tail of {node.console_log}\n{_tail_file(node.console_log, lines)}"
     )
-

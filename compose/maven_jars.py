@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
 
-from compose.errors import LocalBrokerError
+from rollout_journal.compose.errors import LocalBrokerError
 
 log = logging.getLogger(__name__)
 
@@ -98,8 +98,14 @@ def ensure_maven_jars(pom: Path, folder: Path, purpose: str) -> Path:
             "mvn", f"Apache Maven (e.g. `apt-get install maven`) to fetch {purpose} from Maven Central once"
         )
         cmd = [
-            mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
-            "-DincludeScope=runtime", f"-DoutputDirectory={partial}",
+            mvn,
+            "-B",
+            "-q",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            "-DincludeScope=runtime",
+            f"-DoutputDirectory={partial}",
         ]
         log.info("fetching %s into %s", purpose, folder / "libs")
         started = time.monotonic()

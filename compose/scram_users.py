@@ -2,7 +2,7 @@
 
 KRaft keeps SCRAM credentials in the cluster metadata, so a user added here can log in at once,
 on every broker, without a restart; only the launcher's super user is written at format time
-(:func:`compose.broker_config.scram_bootstrap_credential`). The password travels to the broker
+(:func:`rollout_journal.compose.broker.config.scram_bootstrap_credential`). The password travels to the broker
 inside the request only as its salted SCRAM form, computed by librdkafka.
 """
 
@@ -16,8 +16,8 @@ from confluent_kafka.admin import (
     UserScramCredentialUpsertion,
 )
 
-from compose.broker_config import SCRAM_ITERATIONS
-from compose.errors import LocalBrokerError
+from rollout_journal.compose.broker.config import SCRAM_ITERATIONS
+from rollout_journal.compose.errors import LocalBrokerError
 
 
 class ScramUserError(LocalBrokerError):
@@ -33,7 +33,8 @@ def upsert_scram_user(admin: AdminClient, name: str, password: str, *, timeout_s
     if not password:
         raise ScramUserError(f"the password of user {name} is empty")
     upsert = UserScramCredentialUpsertion(
-        name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS), password.encode("utf-8"))
+        name, ScramCredentialInfo(ScramMechanism.SCRAM_SHA_512, SCRAM_ITERATIONS), password.encode("utf-8")
+    )
     futures = admin.alter_user_scram_credentials([upsert], request_timeout=timeout_s)
     try:
         futures[name].result()

@@ -25,11 +25,11 @@ from typing import Any
 
 from confluent_kafka.admin import AdminClient
 
-from compose.broker_config import SaslSecurity, write_properties
-from compose.broker_jars import cache_root, kafka_version
-from compose.cluster_handle import admin_client as _admin_client
-from compose.errors import LocalBrokerError
-from compose.local_broker import LocalKafkaCluster, LocalKafkaNode, start_local_cluster
+from rollout_journal.compose.broker.config import SaslSecurity, write_properties
+from rollout_journal.compose.broker.jars import cache_root, kafka_version
+from rollout_journal.compose.cluster_handle import admin_client as _admin_client
+from rollout_journal.compose.errors import LocalBrokerError
+from rollout_journal.compose.local_broker import LocalKafkaCluster, LocalKafkaNode, start_local_cluster
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +40,10 @@ _STATE_FORMAT = 1
 
 class ClusterStateError(LocalBrokerError):
     """The detached cluster's state file is missing, unreadable or contradicts a request."""
+
+
+class ClusterConflictError(ClusterStateError):
+    """A request for a cluster other than the one running (node count, security): nothing was started."""
 
 
 def default_state_dir() -> Path:
@@ -90,8 +94,11 @@ def _cluster_to_state(cluster: LocalKafkaCluster, admin_config: Path | None) -> 
         "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "nodes": [
             {
-                "node_id": n.node_id, "pid": n.pid, "port": n.port,
-                "controller_port": n.controller_port, "node_dir": str(n.node_dir),
+                "node_id": n.node_id,
+                "pid": n.pid,
+                "port": n.port,
+                "controller_port": n.controller_port,
+                "node_dir": str(n.node_dir),
             }
             for n in cluster.nodes
         ],
@@ -119,8 +126,10 @@ def _cluster_from_state(state: Mapping[str, Any]) -> LocalKafkaCluster:
     """Rebuild a handle on a detached cluster from :func:`_cluster_to_state` output."""
     nodes = [
         LocalKafkaNode(
-            node_id=int(n["node_id"]), port=int(n["port"]),
-            controller_port=int(n["controller_port"]), node_dir=Path(n["node_dir"]),
+            node_id=int(n["node_id"]),
+            port=int(n["port"]),
+            controller_port=int(n["controller_port"]),
+            node_dir=Path(n["node_dir"]),
             pid=int(n["pid"]) if n.get("pid") is not None else None,
         )
         for n in state["nodes"]
@@ -130,9 +139,13 @@ def _cluster_from_state(state: Mapping[str, Any]) -> LocalKafkaCluster:
         admin = _read_admin_config(Path(state["sasl"]["admin_client_config"]))
         sasl = SaslSecurity(admin_user=admin["sasl.username"], admin_password=admin["sasl.password"])
     return LocalKafkaCluster(
-        bootstrap_servers=str(state["bootstrap_servers"]), nodes=nodes,
-        data_dir=Path(state["data_dir"]), cluster_id=str(state["cluster_id"]),
-        libs_dir=Path(state["libs_dir"]), detached=True, sasl=sasl,
+        bootstrap_servers=str(state["bootstrap_servers"]),
+        nodes=nodes,
+        data_dir=Path(state["data_dir"]),
+        cluster_id=str(state["cluster_id"]),
+        libs_dir=Path(state["libs_dir"]),
+        detached=True,
+        sasl=sasl,
     )
 
 
@@ -217,7 +230,7 @@ def up(
     same node count and security, its bootstrap is returned. A stale record (some
     node dead) is cleaned up and replaced. Data lives in ``<state_dir>/data``.
     ``sasl`` starts a SASL/SCRAM listener with ACLs and a generated super user
-    (see :class:`compose.broker_config.SaslSecurity`).
+    (see :class:`rollout_journal.compose.broker.config.SaslSecurity`).
     """
     state_file = _state_file(state_dir)
     current = status(state_dir)
@@ -227,7 +240,7 @@ def up(
             return current.bootstrap_servers
         if current.running:
             security = "with SASL" if current.sasl_admin_config is not None else "without SASL"
-            raise ClusterStateError(
+            raise ClusterConflictError(
                 f"a {len(current.nodes)}-node cluster {security} already runs at {current.bootstrap_servers} "
                 f"(state {state_file}); run `kafka down` before asking for {nodes} nodes "
                 f"{'with' if sasl else 'without'} SASL"
@@ -237,7 +250,11 @@ def up(
     data_dir = state_file.parent / "data"
     shutil.rmtree(data_dir, ignore_errors=True)
     cluster = start_local_cluster(
-        nodes, data_dir, extra_config=extra_config, ready_timeout_s=ready_timeout_s, detached=True,
+        nodes,
+        data_dir,
+        extra_config=extra_config,
+        ready_timeout_s=ready_timeout_s,
+        detached=True,
         sasl=SaslSecurity() if sasl else None,
     )
     try:

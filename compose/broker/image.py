@@ -2,8 +2,8 @@
 
 No image registry is reachable from this project's machines, so the image is made
 from parts that are: a Debian root filesystem from ``debootstrap`` (Java 17 and
-Python), the broker's jars from :mod:`compose.broker_jars`, and the start script
-:mod:`compose.broker_entrypoint` with :mod:`compose.broker_config`, the same
+Python), the broker's jars from :mod:`rollout_journal.compose.broker.jars`, and the start script
+:mod:`rollout_journal.compose.broker.entrypoint` with :mod:`rollout_journal.compose.broker.config`, the same
 config code the jar launcher runs.
 
 Two steps, each done once. The root filesystem becomes a base image by
@@ -14,8 +14,8 @@ whatever is already there, so a warm rebuild costs one ``docker image inspect``.
 
 Command line (stdlib only, so it runs before any virtual environment exists)::
 
-    python3 -m compose.broker_image build    # build the image if missing or stale; print its name
-    python3 -m compose.broker_image status   # say whether it is current, stale or missing
+    python3 -m rollout_journal.compose.broker.image build    # build the image if missing or stale; print its name
+    python3 -m rollout_journal.compose.broker.image status   # say whether it is current, stale or missing
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from compose.broker_jars import POM_PATH, cache_root, ensure_broker_jars, kafka_version
-from compose.errors import LocalBrokerError
+from rollout_journal.compose.broker.jars import POM_PATH, cache_root, ensure_broker_jars, kafka_version
+from rollout_journal.compose.errors import LocalBrokerError
 
 log = logging.getLogger(__name__)
 
@@ -45,18 +45,21 @@ DEBIAN_SUITE = "bookworm"
 DEBIAN_PACKAGES = ("openjdk-17-jre-headless", "python3")
 # Left out of the base image: package caches, indexes and docs (about 190 MB).
 _ROOTFS_EXCLUDES = (
-    "./var/cache/apt/archives/*.deb", "./var/lib/apt/lists/*",
-    "./usr/share/doc/*", "./usr/share/man/*", "./usr/share/locale/*",
+    "./var/cache/apt/archives/*.deb",
+    "./var/lib/apt/lists/*",
+    "./usr/share/doc/*",
+    "./usr/share/man/*",
+    "./usr/share/locale/*",
 )
-_SCRIPTS = ("broker_config.py", "broker_entrypoint.py")
+_SCRIPTS = ("config.py", "entrypoint.py")  # of compose/broker/, copied with its package path
 _DOCKERFILE = """\
 FROM {base}
 ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \\
     PYTHONPATH=/opt/rollout-journal PYTHONDONTWRITEBYTECODE=1
 COPY libs/ /opt/kafka/libs/
-COPY compose/ /opt/rollout-journal/compose/
+COPY rollout_journal/ /opt/rollout-journal/rollout_journal/
 VOLUME /var/lib/kafka
-ENTRYPOINT ["python3", "-m", "compose.broker_entrypoint"]
+ENTRYPOINT ["python3", "-m", "rollout_journal.compose.broker.entrypoint"]
 """
 _DOCKER_TIMEOUT_S = 10
 
@@ -99,8 +102,12 @@ def docker_cli() -> str:
 
 def _docker(*args: str, timeout: float | None = _DOCKER_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [docker_cli(), *args], capture_output=True, text=True, timeout=timeout,
-        stdin=subprocess.DEVNULL, check=False,
+        [docker_cli(), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        check=False,
     )
 
 
@@ -171,15 +178,14 @@ def ensure_broker_image(image: str | None = None, *, force: bool = False) -> str
     with tempfile.TemporaryDirectory(prefix="context-", dir=work) as tmp:
         context = Path(tmp)
         _link_tree(libs, context / "libs")
-        scripts = context / "compose"
-        scripts.mkdir()
+        scripts = context / "rollout_journal" / "compose" / "broker"
+        scripts.mkdir(parents=True)
+        (scripts.parent / "__init__.py").write_text("")  # rollout_journal stays a namespace package
         (scripts / "__init__.py").write_text("")
         for name in _SCRIPTS:
             shutil.copy2(Path(__file__).with_name(name), scripts / name)
         (context / "Dockerfile").write_text(_DOCKERFILE.format(base=base))
-        done = _docker(
-            "build", "--label", f"{BUILD_LABEL}={build_hash()}", "--tag", image, str(context), timeout=600
-        )
+        done = _docker("build", "--label", f"{BUILD_LABEL}={build_hash()}", "--tag", image, str(context), timeout=600)
     if done.returncode != 0:
         raise DockerImageError(f"`docker build` of {image} failed (exit {done.returncode}):\n{_tail(done)}")
     log.info("built broker image %s in %.1f s", image, time.monotonic() - started)
@@ -204,13 +210,18 @@ def ensure_base_image() -> str:
     started = time.monotonic()
     try:
         cmd = [
-            debootstrap, "--variant=minbase", f"--include={','.join(DEBIAN_PACKAGES)}",
-            DEBIAN_SUITE, str(rootfs), mirror,
+            debootstrap,
+            "--variant=minbase",
+            f"--include={','.join(DEBIAN_PACKAGES)}",
+            DEBIAN_SUITE,
+            str(rootfs),
+            mirror,
         ]
         log.info("running %s", " ".join(cmd))
         with open(tmp / "debootstrap.log", "w") as out:
-            code = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                  check=False).returncode
+            code = subprocess.run(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, check=False
+            ).returncode
         if code != 0:
             raise DockerImageError(
                 f"debootstrap of Debian {DEBIAN_SUITE} from {mirror} failed (exit {code}):\n"
@@ -230,8 +241,12 @@ def _import_rootfs(rootfs: Path, tag: str) -> None:
     with subprocess.Popen(tar_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL) as tar:
         assert tar.stdout is not None
         imported = subprocess.run(
-            [docker_cli(), "import", "-", tag], stdin=tar.stdout, capture_output=True, text=True,
-            timeout=600, check=False,
+            [docker_cli(), "import", "-", tag],
+            stdin=tar.stdout,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
         )
         tar.stdout.close()
         tar_err = tar.stderr.read().decode(errors="replace") if tar.stderr else ""
@@ -269,9 +284,19 @@ def debian_mirror() -> str:
     codename = _os_release().get("VERSION_CODENAME", "")
     try:
         done = subprocess.run(
-            ["apt-get", "indextargets", "--no-release-info", "--format", "$(REPO_URI) $(RELEASE) $(COMPONENT)",
-             "Created-By: Packages"],
-            capture_output=True, text=True, timeout=30, check=False, stdin=subprocess.DEVNULL,
+            [
+                "apt-get",
+                "indextargets",
+                "--no-release-info",
+                "--format",
+                "$(REPO_URI) $(RELEASE) $(COMPONENT)",
+                "Created-By: Packages",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            stdin=subprocess.DEVNULL,
         )
         lines = done.stdout.splitlines() if done.returncode == 0 else []
     except (OSError, subprocess.TimeoutExpired):
@@ -318,7 +343,9 @@ def _tail(done: subprocess.CompletedProcess[str]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m compose.broker_image", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python3 -m rollout_journal.compose.broker.image", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("command", choices=("build", "status"))
     parser.add_argument("--image", default=None, help=f"image name (default: ${IMAGE_ENV_VAR} or {image_name()})")
     parser.add_argument("--force", action="store_true", help="rebuild even if the image is current")

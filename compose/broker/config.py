@@ -1,7 +1,7 @@
 """What a combined KRaft node runs with: its server.properties, log4j2 config and java commands.
 
 One source for every way this project starts a broker: the jar launcher
-(:mod:`compose.local_broker`) and the broker image (:mod:`compose.broker_entrypoint`,
+(:mod:`rollout_journal.compose.local_broker`) and the broker image (:mod:`rollout_journal.compose.broker.entrypoint`,
 run inside the container). It therefore imports the standard library only and
 runs on the Debian Python 3.11 of the image.
 
@@ -63,7 +63,7 @@ class SaslSecurity:
         # both go inside a quoted JAAS string: keep them to characters that need no escaping there
         for what, value in (("admin user", self.admin_user), ("admin password", self.admin_password)):
             if not value or any(ch in value for ch in '"\\;= \n\r\t'):
-                raise ValueError(f"the {what} must be non-empty and hold none of: \" \\ ; = or whitespace")
+                raise ValueError(f'the {what} must be non-empty and hold none of: " \\ ; = or whitespace')
 
     def client_config(self) -> dict[str, str]:
         """librdkafka properties that log in as the super user."""
@@ -89,8 +89,12 @@ class NodePorts(Protocol):
 
 
 def server_config(
-    node: NodePorts, members: Sequence[NodePorts], log_dirs: Path | str, extra: Mapping[str, str],
-    *, sasl: SaslSecurity | None = None,
+    node: NodePorts,
+    members: Sequence[NodePorts],
+    log_dirs: Path | str,
+    extra: Mapping[str, str],
+    *,
+    sasl: SaslSecurity | None = None,
 ) -> dict[str, str]:
     """The server.properties of ``node`` in a cluster of ``members`` (``node`` included).
 
@@ -124,6 +128,8 @@ def server_config(
         # Test tuning: small, fast, explicit.
         "auto.create.topics.enable": "false",
         "group.initial.rebalance.delay.ms": "0",
+        # A timed-out transaction (a stalled or killed writer's) is aborted within a second, not ten.
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",
         "offsets.topic.num.partitions": "1",
         "transaction.state.log.num.partitions": "1",
         "share.coordinator.state.topic.num.partitions": "1",
@@ -139,9 +145,7 @@ def server_config(
     if n == 1:
         config["controller.quorum.bootstrap.servers"] = f"{LOOPBACK}:{node.controller_port}"
     else:
-        config["controller.quorum.voters"] = ",".join(
-            f"{m.node_id}@{LOOPBACK}:{m.controller_port}" for m in members
-        )
+        config["controller.quorum.voters"] = ",".join(f"{m.node_id}@{LOOPBACK}:{m.controller_port}" for m in members)
         # Fence a SIGKILLed broker within seconds, not the default 9 s.
         config["broker.session.timeout.ms"] = "3000"
         config["broker.heartbeat.interval.ms"] = "500"
@@ -162,13 +166,11 @@ def _sasl_properties(node: NodePorts, sasl: SaslSecurity) -> dict[str, str]:
         "sasl.enabled.mechanisms": SCRAM_MECHANISM,
         "sasl.mechanism.inter.broker.protocol": SCRAM_MECHANISM,
         "listener.name.sasl_plaintext.sasl.enabled.mechanisms": SCRAM_MECHANISM,
-        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config":
-            f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{user}" password="{password}";',
+        "listener.name.sasl_plaintext.scram-sha-512.sasl.jaas.config": f'org.apache.kafka.common.security.scram.ScramLoginModule required username="{user}" password="{password}";',
         "sasl.mechanism.controller.protocol": "PLAIN",
         "listener.name.controller.sasl.enabled.mechanisms": "PLAIN",
-        "listener.name.controller.plain.sasl.jaas.config":
-            f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{user}" '
-            f'password="{password}" user_{user}="{password}";',
+        "listener.name.controller.plain.sasl.jaas.config": f'org.apache.kafka.common.security.plain.PlainLoginModule required username="{user}" '
+        f'password="{password}" user_{user}="{password}";',
         "authorizer.class.name": STANDARD_AUTHORIZER,
         "super.users": f"User:{user}",
         "allow.everyone.if.no.acl.found": "false",
@@ -182,8 +184,10 @@ def scram_bootstrap_credential(name: str, password: str, *, salt: bytes | None =
     salt = salt if salt is not None else os.urandom(32)
     salted = hashlib.pbkdf2_hmac("sha512", password.encode("utf-8"), salt, SCRAM_ITERATIONS)
     b64 = base64.b64encode
-    return (f'{SCRAM_MECHANISM}=[name={name},iterations={SCRAM_ITERATIONS},'
-            f'salt="{b64(salt).decode()}",saltedpassword="{b64(salted).decode()}"]')
+    return (
+        f"{SCRAM_MECHANISM}=[name={name},iterations={SCRAM_ITERATIONS},"
+        f'salt="{b64(salt).decode()}",saltedpassword="{b64(salted).decode()}"]'
+    )
 
 
 def write_properties(path: Path, config: Mapping[str, str], *, private: bool = False) -> None:
@@ -246,15 +250,31 @@ def classpath(libs: Path | str) -> str:
 
 
 def format_command(
-    java: str, libs: Path | str, *, server_properties: Path, log4j_properties: Path, logs_dir: Path,
-    cluster_id: str, standalone: bool, scram: Sequence[str] = (),
+    java: str,
+    libs: Path | str,
+    *,
+    server_properties: Path,
+    log4j_properties: Path,
+    logs_dir: Path,
+    cluster_id: str,
+    standalone: bool,
+    scram: Sequence[str] = (),
 ) -> list[str]:
     """``kafka.tools.StorageTool format`` for one node (``standalone`` for a 1-node quorum);
     ``scram`` holds :func:`scram_bootstrap_credential` arguments written into the first metadata."""
     cmd = [
-        java, *TOOL_JVM_OPTS, f"-Dlog4j2.configurationFile={log4j_properties}",
-        f"-Dkafka.logs.dir={logs_dir}", "-cp", classpath(libs),
-        STORAGE_TOOL, "format", "-t", cluster_id, "-c", str(server_properties),
+        java,
+        *TOOL_JVM_OPTS,
+        f"-Dlog4j2.configurationFile={log4j_properties}",
+        f"-Dkafka.logs.dir={logs_dir}",
+        "-cp",
+        classpath(libs),
+        STORAGE_TOOL,
+        "format",
+        "-t",
+        cluster_id,
+        "-c",
+        str(server_properties),
     ]
     if standalone:
         cmd.append("--standalone")
@@ -282,8 +302,12 @@ def broker_command(
 ) -> list[str]:
     """The JVM command line of one broker node."""
     return [
-        java, *BROKER_JVM_OPTS,
+        java,
+        *BROKER_JVM_OPTS,
         f"-Dlog4j2.configurationFile={log4j_properties}",
         f"-Dkafka.logs.dir={logs_dir}",
-        "-cp", classpath(libs), "kafka.Kafka", str(server_properties),
+        "-cp",
+        classpath(libs),
+        "kafka.Kafka",
+        str(server_properties),
     ]

@@ -1,7 +1,7 @@
 """The broker image's start script: write this node's config, format once, become the broker.
 
-Runs inside the container built by :mod:`compose.broker_image` (Debian's Python,
-standard library only); the config comes from :mod:`compose.broker_config`, the
+Runs inside the container built by :mod:`rollout_journal.compose.broker.image` (Debian's Python,
+standard library only); the config comes from :mod:`rollout_journal.compose.broker.config`, the
 same code the jar launcher uses. Containers run with host networking, so the
 node's ports are the host's loopback ports, passed in by environment:
 
@@ -31,7 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from compose.broker_config import (
+from rollout_journal.compose.broker.config import (
     LOOPBACK,
     broker_command,
     format_command,
@@ -64,9 +64,7 @@ def parse_quorum(text: str) -> list[QuorumMember]:
             continue
         parts = entry.split(":")
         if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-            raise EntrypointError(
-                f"KAFKA_QUORUM entry {entry!r} is not id:port:controller_port (e.g. 1:9092:19092)"
-            )
+            raise EntrypointError(f"KAFKA_QUORUM entry {entry!r} is not id:port:controller_port (e.g. 1:9092:19092)")
         members.append(QuorumMember(*(int(p) for p in parts)))
     if not members:
         raise EntrypointError("KAFKA_QUORUM is empty: list every node as id:port:controller_port")
@@ -117,9 +115,17 @@ def prepare(env: Mapping[str, str], home: Path = HOME, libs: Path = LIBS, java: 
     log4j.write_text(log4j2_properties(console=True))
     if not (data / "meta.properties").exists():
         subprocess.run(
-            format_command(java, libs, server_properties=properties, log4j_properties=log4j, logs_dir=logs,
-                           cluster_id=cluster_id, standalone=len(members) == 1),
-            check=True, stdin=subprocess.DEVNULL,
+            format_command(
+                java,
+                libs,
+                server_properties=properties,
+                log4j_properties=log4j,
+                logs_dir=logs,
+                cluster_id=cluster_id,
+                standalone=len(members) == 1,
+            ),
+            check=True,
+            stdin=subprocess.DEVNULL,
         )
     return broker_command(java, libs, server_properties=properties, log4j_properties=log4j, logs_dir=logs)
 

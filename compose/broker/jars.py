@@ -1,8 +1,8 @@
 """The broker's runtime jars: fetched once with Maven into a cache outside the repository.
 
-``compose/pom.xml`` pins the Kafka version and lists the classpath; nothing is
+``compose/broker/pom.xml`` pins the Kafka version and lists the classpath; nothing is
 built from it. :func:`ensure_broker_jars` fetches it with
-:func:`compose.maven_jars.ensure_maven_jars`, which runs Maven only when the
+:func:`rollout_journal.compose.maven_jars.ensure_maven_jars`, which runs Maven only when the
 cache is cold or the POM changed, so a warm start needs just ``java``.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from compose.maven_jars import (
+from rollout_journal.compose.maven_jars import (
     CACHE_ENV_VAR,
     JarDownloadError,
     MissingToolError,
@@ -21,15 +21,21 @@ from compose.maven_jars import (
 )
 
 __all__ = [
-    "CACHE_ENV_VAR", "POM_PATH", "JarDownloadError", "MissingToolError", "cache_root", "ensure_broker_jars",
-    "kafka_version", "require_java",
+    "CACHE_ENV_VAR",
+    "POM_PATH",
+    "JarDownloadError",
+    "MissingToolError",
+    "cache_root",
+    "ensure_broker_jars",
+    "kafka_version",
+    "require_java",
 ]
 
 POM_PATH = Path(__file__).with_name("pom.xml")
 
 
 def kafka_version(pom: Path = POM_PATH) -> str:
-    """The Kafka version pinned in ``compose/pom.xml`` (single source of truth)."""
+    """The Kafka version pinned in ``compose/broker/pom.xml`` (single source of truth)."""
     return pom_property(pom, "kafka.version")
 
 
@@ -37,8 +43,7 @@ def require_java() -> str:
     """Path of ``java``; :class:`MissingToolError` says what to install when there is none."""
     return require_tool(
         "java",
-        "a Java 17+ runtime (e.g. `apt-get install openjdk-17-jre-headless`) "
-        "to run the local Kafka broker",
+        "a Java 17+ runtime (e.g. `apt-get install openjdk-17-jre-headless`) to run the local Kafka broker",
     )
 
 

@@ -1,13 +1,13 @@
 """One Kafka broker in a container, started through testcontainers from the locally built image.
 
-The container runs the image of :mod:`compose.broker_image` with host networking,
+The container runs the image of :mod:`rollout_journal.compose.broker.image` with host networking,
 on two free loopback ports chosen here and passed in by environment, so the
 bootstrap address is ``127.0.0.1:<port>`` as for the jar launcher. Nothing is
 pulled: an image missing from the local engine is an error, never a download,
 and testcontainers' reaper (Ryuk, an image from a registry) is switched off;
 containers started here are removed by :meth:`BrokerContainer.stop` or at exit.
 
-Needs the ``docker`` extra (``pip install -e '.[docker]'``: testcontainers).
+Needs the ``docker`` extra (``pip install 'rollout-journal[docker]'``: testcontainers).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from compose.broker_image import DockerImageError, image_name, image_status
-from compose.cluster_handle import BrokerHandle
-from compose.local_broker import BrokerStartError, free_ports, wait_for_brokers
+from rollout_journal.compose.broker.image import DockerImageError, image_name, image_status
+from rollout_journal.compose.cluster_handle import BrokerHandle
+from rollout_journal.compose.local_broker import BrokerStartError, free_ports, wait_for_brokers
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def start_broker_container(
 ) -> BrokerContainer:
     """Start a 1-node KRaft broker container and return once it serves metadata.
 
-    ``image`` defaults to :func:`compose.broker_image.image_name`; it must already
+    ``image`` defaults to :func:`rollout_journal.compose.broker.image.image_name`; it must already
     be in the local engine. ``extra_config`` overrides server properties. On
     failure the container is removed and the error carries its output.
     """
@@ -84,11 +84,14 @@ def start_broker_container(
     if not status.usable:
         raise DockerImageError(
             f"image {image} is not in the local Docker engine and is never pulled: build it with "
-            "`python3 -m compose.broker_image build` (or set KAFKA_IMAGE to an image that is there)"
+            "`python3 -m rollout_journal.compose.broker.image build` (or set KAFKA_IMAGE to an image that is there)"
         )
     if status.state == "stale":
-        log.warning("broker image %s was built from older sources; rebuild it with "
-                    "`python3 -m compose.broker_image build`", image)
+        log.warning(
+            "broker image %s was built from older sources; rebuild it with "
+            "`python3 -m rollout_journal.compose.broker.image build`",
+            image,
+        )
     container_class = _docker_container_class()
     port, controller_port = free_ports(2)
     container = (
@@ -99,16 +102,18 @@ def start_broker_container(
         .with_env("KAFKA_QUORUM", f"1:{port}:{controller_port}")
     )
     if extra_config:
-        container = container.with_env(
-            "KAFKA_EXTRA_PROPERTIES", "\n".join(f"{k}={v}" for k, v in extra_config.items())
-        )
+        container = container.with_env("KAFKA_EXTRA_PROPERTIES", "\n".join(f"{k}={v}" for k, v in extra_config.items()))
     broker = BrokerContainer(container, f"127.0.0.1:{port}", image)
     broker.stop_at_exit()  # without Ryuk nothing else removes a container whose test run died
     try:
         container.start()
         wait_for_brokers(
-            broker.bootstrap_servers, {1}, timeout_s=ready_timeout_s, what=f"broker container of {image}",
-            dead=broker.exited, details=broker.logs_tail,
+            broker.bootstrap_servers,
+            {1},
+            timeout_s=ready_timeout_s,
+            what=f"broker container of {image}",
+            dead=broker.exited,
+            details=broker.logs_tail,
         )
     except BaseException:
         broker.stop()
@@ -125,8 +130,7 @@ def _docker_container_class() -> Any:
         from testcontainers.core.container import DockerContainer
     except ImportError as exc:
         raise BrokerStartError(
-            f"testcontainers is not installed ({exc}): install the docker extra, `pip install -e '.[docker]'`"
+            f"testcontainers is not installed ({exc}): install the docker extra, `pip install 'rollout-journal[docker]'`"
         ) from exc
     testcontainers_config.ryuk_disabled = True
     return DockerContainer
-

@@ -1,0 +1,1 @@
+"""One Kafka node: its config, jars, image, container, daemon and entry point."""
