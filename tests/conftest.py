@@ -14,7 +14,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-pytest_plugins = ["tests.kafka_fixtures", "tests.vllm_fixtures"]
+import pytest
+
+# The shared pieces in tests/support/ hold assertions of their own (scenarios, drills, checks):
+# rewritten like a test module's, so a failure there shows its values too.
+pytest.register_assert_rewrite("tests.support")
+
+pytest_plugins = ["tests.support.kafka_fixtures", "tests.support.vllm_fixtures", "tests.support.gateway_fixtures"]
 
 ROOT = Path(__file__).resolve().parent.parent
 _session_models: str | None = None

@@ -17,9 +17,21 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.kafka
 def test_journal_throughput_reports_its_ratio(kafka_bootstrap: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "journal_throughput.py"), "--json", "--rounds", "1",
-         "--rollouts", "5", "--turns", "2"],
-        capture_output=True, text=True, timeout=300, env=os.environ | {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        [
+            sys.executable,
+            str(ROOT / "bench" / "journal_throughput.py"),
+            "--json",
+            "--rounds",
+            "1",
+            "--rollouts",
+            "5",
+            "--turns",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -36,10 +48,11 @@ def test_the_redone_figure_is_what_the_journal_shows_not_a_constant(tmp_path: Pa
     old figure, 0 by construction, fails here."""
     sys.path.insert(0, str(ROOT))
     from bench.recovery import crash_trial, redo_config, strategy_totals
-    from participants.runner import workload_specs
+    from rollout_journal.participants.workload.runner import workload_specs
 
-    config = redo_config(tmp_path, "smoke", groups=3, siblings=2, turns=4, environment="workplace,counter,sandbox",
-                         concurrency=6)
+    config = redo_config(
+        tmp_path, "smoke", groups=3, siblings=2, turns=4, environment="workplace,counter,sandbox", concurrency=6
+    )
     restart_only = {s.rollout_id for s in workload_specs(config) if s.environment == "sandbox"}
     trial = crash_trial(config, kill_after=12, extra_delay_s=0.0)  # 6 rollouts in step, 4 turns each: half way
     assert trial is not None, "the child finished before the kill"
@@ -54,10 +67,14 @@ def test_the_redone_figure_is_what_the_journal_shows_not_a_constant(tmp_path: Pa
     totals = strategy_totals(trial["rollouts"])
     assert totals["this_system"]["redone_tokens"] == sum(rows[rid]["tokens_at_crash"] for rid in must_redo) > 0
     assert totals["naive_restart"]["redone_turns"] == sum(r["turns_at_crash"] for r in unfinished)
-    assert totals["this_system"]["redone_turns"] <= totals["snapshot_only"]["redone_turns"] \
+    assert (
+        totals["this_system"]["redone_turns"]
+        <= totals["snapshot_only"]["redone_turns"]
         <= totals["naive_restart"]["redone_turns"]
-    assert sum(trial["restore_ms"][phase] for phase in ("read", "fold", "rebuild", "fence")) == \
-        pytest.approx(trial["restore_ms"]["total"], abs=0.05)
+    )
+    assert sum(trial["restore_ms"][phase] for phase in ("read", "fold", "rebuild", "fence")) == pytest.approx(
+        trial["restore_ms"]["total"], abs=0.05
+    )
 
 
 @pytest.mark.slow
@@ -86,7 +103,11 @@ def test_restore_growth_separates_history_from_state_size(tmp_path: Path) -> Non
     assert journals["history"]["journal_mb"] == pytest.approx(10 * journals["base"]["journal_mb"], rel=0.2)
     assert journals["state"]["active_turns"] == journals["both"]["active_turns"] == 41
     assert journals["history"]["events_replayed"] == journals["base"]["events_replayed"]  # the log since snapshots
-    for key in ("restore_time_ratio_10x_history", "restore_time_ratio_8x_state", "restore_time_ratio_history_and_state"):
+    for key in (
+        "restore_time_ratio_10x_history",
+        "restore_time_ratio_8x_state",
+        "restore_time_ratio_history_and_state",
+    ):
         assert report[key] > 0
 
 
@@ -107,9 +128,27 @@ def test_signing_cost_reports_per_checkpoint_and_end_to_end(tmp_path: Path) -> N
 @pytest.mark.kafka
 def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "replay_scan.py"), "--json", "--events", "1200", "--rollouts", "20",
-         "--growth", "4", "--rounds", "1", "--prompt-delta", "64", "--output", "16"],
-        capture_output=True, text=True, timeout=300, env=os.environ | {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        [
+            sys.executable,
+            str(ROOT / "bench" / "replay_scan.py"),
+            "--json",
+            "--events",
+            "1200",
+            "--rollouts",
+            "20",
+            "--growth",
+            "4",
+            "--rounds",
+            "1",
+            "--prompt-delta",
+            "64",
+            "--output",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=os.environ | {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -127,14 +166,29 @@ def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
 def test_services_reports_the_http_ratio_and_the_pauses() -> None:
     """Resource servers as processes, tiny sizes: the figures the docs quote are there."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "services.py"), "--json", "--rounds", "1", "--groups", "2",
-         "--siblings", "1", "--turns", "3", "--only", "throughput,pause"],
-        capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)},
+        [
+            sys.executable,
+            str(ROOT / "bench" / "services.py"),
+            "--json",
+            "--rounds",
+            "1",
+            "--groups",
+            "2",
+            "--siblings",
+            "1",
+            "--turns",
+            "3",
+            "--only",
+            "throughput,pause",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
-    for key in ("http_vs_inprocess_ratio", "turns_per_s_http", "turns_per_s_inprocess", "pause_p50_ms",
-                "pause_p99_ms"):
+    for key in ("http_vs_inprocess_ratio", "turns_per_s_http", "turns_per_s_inprocess", "pause_p50_ms", "pause_p99_ms"):
         assert report[key] > 0, key
     assert report["pause_checkpoints"] > 0
 
@@ -146,9 +200,28 @@ def test_prefix_recovery_counts_what_the_resume_generated() -> None:
     positions the killed call had reached (the prefix kept is exactly the journaled progress),
     and the continued output equals the uninterrupted one."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "prefix_recovery.py"), "--json", "--crashes", "1", "--rounds", "1",
-         "--tokens", "96", "--every", "16", "--rollouts", "2", "--turns", "2"],
-        check=False, capture_output=True, text=True, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)},
+        [
+            sys.executable,
+            str(ROOT / "bench" / "prefix_recovery.py"),
+            "--json",
+            "--crashes",
+            "1",
+            "--rounds",
+            "1",
+            "--tokens",
+            "96",
+            "--every",
+            "16",
+            "--rollouts",
+            "2",
+            "--turns",
+            "2",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -165,11 +238,15 @@ def test_prefix_recovery_counts_what_the_resume_generated() -> None:
     assert report["tokens_regenerated_with_prefix"] == sum(t["regenerated"] for t in with_prefix)
     assert report["tokens_regenerated_without_prefix"] == sum(t["regenerated"] for t in without)
     assert report["continued_equals_uninterrupted"] is True
-    assert isinstance(report["progress_overhead"], float) and isinstance(report["progress_overhead_every_token_mark"], float)
+    assert isinstance(report["progress_overhead"], float) and isinstance(
+        report["progress_overhead_every_token_mark"], float
+    )
     # a time floor between marks can only leave marks out
     assert report["progress_marks_per_run_exact"] >= report["progress_marks_per_run_on"]
     assert report["progress_marks_per_run_exact"] >= 2 * (96 // 16 - 1)  # at least each rollout's 96-token call's
-    assert report["tokens_per_s_on"] > 0 and report["tokens_per_s_exact"] > 0 and report["tokens_per_s_progress_off"] > 0
+    assert (
+        report["tokens_per_s_on"] > 0 and report["tokens_per_s_exact"] > 0 and report["tokens_per_s_progress_off"] > 0
+    )
 
 
 @pytest.mark.slow
@@ -177,25 +254,148 @@ def test_prefix_recovery_counts_what_the_resume_generated() -> None:
 def test_services_reports_the_results_read_ratio(kafka_bootstrap: str) -> None:
     """The trainer's feed and a raw consumer read the same results topic in one run."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "services.py"), "--json", "--rounds", "1", "--only", "results",
-         "--results-records", "40", "--results-tokens", "64"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(ROOT / "bench" / "services.py"),
+            "--json",
+            "--rounds",
+            "1",
+            "--only",
+            "results",
+            "--results-records",
+            "40",
+            "--results-tokens",
+            "64",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
         env=os.environ | {"PYTHONPATH": str(ROOT), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
     assert report["results_records"] == 40
-    for key in ("results_read_ratio", "results_read_ratio_no_tensors", "results_records_per_s_raw",
-                "results_records_per_s_feed"):
+    for key in (
+        "results_read_ratio",
+        "results_read_ratio_no_tensors",
+        "results_records_per_s_raw",
+        "results_records_per_s_feed",
+    ):
         assert report[key] > 0, key
 
 
 def test_snapshot_state_reports_both_layouts() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "snapshot_state.py"), "--json", "--turns", "2",
-                           "--rounds", "2", "--repeat", "2"], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "snapshot_state.py"),
+            "--json",
+            "--turns",
+            "2",
+            "--rounds",
+            "2",
+            "--repeat",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)["turns_2"]
     assert report["head_tokens"] > 0 and report["bytes"] > 0 and report["earlier_bytes"] > 0
     for key in ("to_bytes_ms", "from_bytes_ms", "earlier_from_bytes_ms", "read_speedup"):
         assert report[key] > 0
     assert len(report["read_speedup_per_round"]) == 2
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.timeout(1800)
+def test_fleet_reports_its_failover_handoff_and_race_figures(kafka_bootstrap: str) -> None:
+    """bench/fleet.py --smoke on the session's broker: every figure is there, the counters are zero."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "fleet.py"), "--json", "--smoke", "--bootstrap", kafka_bootstrap],
+        capture_output=True,
+        text=True,
+        timeout=1700,
+        env={k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    for key in ("failover_seconds", "handoff_seconds_p99", "broker_kills_survived", "session_timeout_seconds"):
+        assert key in report, key
+    assert report["handoff_moves"] > 0 and report["handoff_seconds_p99"] is not None
+    assert report["turns_lost"] == report["duplicate_turns"] == report["zombie_writes_visible"] == 0
+    assert report["duplicate_training_records"] == 0 and report["workers_exited"] == 0
+    assert report["identical_to_uninterrupted"] is True
+
+
+@pytest.mark.slow
+def test_training_data_reports_every_figure_per_backend() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "training_data.py"),
+            "--json",
+            "--backends",
+            "torch-constrained,torch-reasoning",
+            "--groups",
+            "1",
+            "--turns",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert set(report["backends"]) == {"torch-constrained", "torch-reasoning"}
+    for row in report["backends"].values():
+        for key in ("calls", "calls_drifted", "sampled_tokens", "sampled_tokens_in_loss_mask", "logprob_max_abs_error"):
+            assert key in row
+        assert row["calls"] > 0 and row["sampled_tokens"] > 0
+    assert report["all_sampled_tokens_in_loss_mask"] is True and report["max_logprob_error"] <= 1e-4
+
+
+@pytest.mark.slow
+def test_the_gateway_bench_reports_its_ratio_against_the_fixed_rate_upstream() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "gateway.py"), "--json", "--quick", "--skip-vllm", "--skip-peer",
+         "--skip-drill", "--tokens", "16", "--rate", "0"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)["upstream_fixed_rate"]
+    assert report["overhead_ratio"] > 0 and report["completions_per_s_gateway"] > 0
+    assert len(report["rounds"]["gateway"]) == 1 and report["rounds"]["gateway"][0]["completions"] == 8 * 4
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.timeout(600)
+def test_idle_requests_reports_a_rate_per_partition_count_and_their_ratio(kafka_bootstrap: str) -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "idle_requests.py"),
+            "--json",
+            "--bootstrap",
+            kafka_bootstrap,
+            "--partitions",
+            "2,4",
+            "--window-s",
+            "2",
+            "--settle-s",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=500,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    for partitions in (2, 4):
+        assert report[f"idle_requests_per_s_{partitions}_partitions"] > 0  # at least the group's heartbeats
+    assert report["idle_requests_ratio_4_vs_2"] > 0

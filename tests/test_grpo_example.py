@@ -19,7 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_the_grpo_example_trains_every_group_once_across_three_kills(kafka_bootstrap: str) -> None:
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "grpo" / "run.py"), "--small", "--json"],
-        capture_output=True, text=True, timeout=1200,
+        capture_output=True,
+        text=True,
+        timeout=1200,
         env=os.environ | {"PYTHONPATH": str(ROOT), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
     assert done.returncode == 0, done.stderr[-3000:]

@@ -1,0 +1,184 @@
+"""NeMo Gym's protocol through both gateways: an agent loop written to NeMo Gym's simple agent
+(tests/support/nemo_gym_protocol.py, each line cited) talks Responses to the model gateway and
+seed_session / tools / verify to a counter resources server behind the tool gateway. Every call is
+journaled; a re-run episode is answered from the journal; a resources server that lost its
+sessions is rebuilt from the journaled calls (event_sourced), refused when it answers otherwise
+on re-apply, or the rollout restarts from turn 0 (restart_only)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rollout_journal.journal import ResourceMutation, open_journal
+from rollout_journal.participants.model.tiny_model import tiny_model_dir
+from tests.support.fixed_rate_upstream import FixedRateUpstream
+from tests.support.nemo_gym_protocol import COUNTER_TOOLS, CounterServer, simple_agent_loop
+
+SCRIPT = [
+    '<tool_call>{"name": "increment_counter", "arguments": {"count": 2}}</tool_call>',
+    '<tool_call>{"name": "increment_counter", "arguments": {"count": 3}}</tool_call>',
+    "The counter is at 5.",
+]
+
+
+@pytest.fixture
+def upstream() -> Iterator[FixedRateUpstream]:
+    """A model that calls increment_counter twice, then answers (overrides the plain one)."""
+    server = FixedRateUpstream(tiny_model_dir(), chunk=4, script=SCRIPT)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def counter() -> Iterator[CounterServer]:
+    server = CounterServer()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def episode(gateway_url: str, rollout: str, **options) -> dict | None:
+    body = {
+        "responses_create_params": {"input": "Add 2, then 3.", "tools": COUNTER_TOOLS, "max_output_tokens": 64},
+        "initial_count": 0,
+        "expected_count": 5,
+    }
+    base = f"{gateway_url}/r/{rollout}"
+    return simple_agent_loop(f"{base}", f"{base}/tools/counter", body, **options)
+
+
+def mutations(journal: Path, rollout: str) -> list[ResourceMutation]:
+    return [
+        e.event
+        for e in open_journal(str(journal), read_only=True).read_rollout(rollout)
+        if isinstance(e.event, ResourceMutation)
+    ]
+
+
+def test_an_episode_through_both_gateways_is_journaled_call_by_call(tmp_path: Path, counter, start_gateway) -> None:
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    verified = episode(gateway.url, "ng-0")
+    assert verified is not None and verified["reward"] == 1.0
+    status = httpx.get(gateway.url + "/r/ng-0/status").json()
+    assert status["finished"] and status["reward"] == 1.0  # /verify finished the rollout
+    gateway.close()
+    ops = [(m.op, m.revision, m.idempotency_key) for m in mutations(tmp_path / "journal", "ng-0")]
+    assert ops == [
+        ("seed_session", 1, "ng-0/t0/s0"),
+        ("increment_counter", 2, "ng-0/t0/s2"),
+        ("increment_counter", 3, "ng-0/t1/s1"),
+        ("verify", 4, "ng-0/t2/s1"),
+    ]
+
+
+def test_a_rerun_episode_is_answered_from_the_journal(tmp_path: Path, upstream, counter, start_gateway) -> None:
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    assert episode(gateway.url, "ng-0", stop_after_calls=3) is None  # the job dies after its first tool call
+    gateway.close()
+    seen = len(counter.requests)
+
+    gateway = start_gateway(tools=[f"counter={counter.url}"])  # the job and the gateway restart
+    generated = upstream.upstream.completions
+    verified = episode(gateway.url, "ng-0")
+    assert verified is not None and verified["reward"] == 1.0
+    # the replayed model call and tool calls reached neither the model nor the server; the first live
+    # tool call rebuilt the server session first (seed + the journaled increment), then went on
+    assert upstream.upstream.completions - generated == 2
+    assert counter.requests[seen:] == ["seed_session", "increment_counter", "increment_counter", "verify"]
+
+
+def test_a_resources_server_that_lost_its_sessions_is_rebuilt_from_the_journal(
+    tmp_path: Path, counter, start_gateway
+) -> None:
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    assert episode(gateway.url, "ng-0", stop_after_calls=4) is None
+    counter.stop()  # the server goes down with every session
+    refused = httpx.post(gateway.url + "/r/ng-0/tools/counter/get_counter_value", json={})
+    assert refused.status_code == 502 and refused.json()["error"]["type"] == "tool_server_unavailable"
+    counter.start()  # back, empty: it would silently answer a count of 0
+    value = httpx.post(gateway.url + "/r/ng-0/tools/counter/get_counter_value", json={})
+    assert value.status_code == 200 and value.json() == {"count": 2}
+    assert httpx.get(gateway.url + "/metrics").json()["tool_sessions_rebuilt"] == 1
+    gateway.close()
+    gateway = start_gateway(tools=[f"counter={counter.url}"])  # and when the gateway restarts as well
+    counter.restart()
+    again = httpx.post(gateway.url + "/r/ng-0/tools/counter/get_counter_value", json={})  # a retry: the journal's
+    assert again.json() == {"count": 2} and counter.requests[-1] == "get_counter_value"
+    value = httpx.post(gateway.url + "/r/ng-0/tools/counter/increment_counter", json={"count": 3})
+    assert value.status_code == 200 and counter.state and list(counter.state.values()) == [5]
+
+
+def test_a_server_that_answers_otherwise_on_reapply_is_refused(tmp_path: Path, start_gateway) -> None:
+    noisy = CounterServer(noisy=True)
+    try:
+        gateway = start_gateway(tools=[f"counter={noisy.url}"])
+        assert episode(gateway.url, "ng-0", stop_after_calls=4) is None
+        gateway.close()
+        gateway = start_gateway(tools=[f"counter={noisy.url}"])  # a new gateway: the server session is rebuilt
+        answer = httpx.post(gateway.url + "/r/ng-0/tools/counter/get_counter_value", json={})
+        assert answer.status_code == 502 and answer.json()["error"]["type"] == "tool_replay_diverged"
+        assert "restart_only" in answer.json()["error"]["message"]
+        gateway.close()
+        assert [m.op for m in mutations(tmp_path / "journal", "ng-0")] == ["seed_session", "increment_counter"]
+    finally:
+        noisy.close()
+
+
+def test_a_restart_only_server_starts_the_rollout_over(tmp_path: Path, upstream, counter, start_gateway) -> None:
+    tools = [f"counter={counter.url},recovery=restart_only"]
+    gateway = start_gateway(tools=tools)
+    assert episode(gateway.url, "ng-0", stop_after_calls=4) is None
+    gateway.close()
+    gateway = start_gateway(tools=tools)
+    generated = upstream.upstream.completions
+    verified = episode(gateway.url, "ng-0")
+    assert verified is not None and verified["reward"] == 1.0
+    assert upstream.upstream.completions - generated == 3  # a new life: every call went live again
+    status = httpx.get(gateway.url + "/r/ng-0/status").json()
+    assert status["attempt"] == 2 and status["replayed_calls"] == 0
+    gateway.close()
+    state_restarts = [
+        e.event.resumed_from_turn
+        for e in open_journal(str(tmp_path / "journal"), read_only=True).read_rollout("ng-0")
+        if type(e.event).__name__ == "AttemptStarted"
+    ]
+    assert state_restarts == [0, 0]
+
+
+def test_responses_answers_validate_as_openai_responses(start_gateway, counter) -> None:
+    from openai.types.responses import Response as OpenAIResponse
+
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    body = {"input": "Add 2.", "tools": COUNTER_TOOLS, "max_output_tokens": 64}
+    answer = httpx.post(gateway.url + "/r/v/v1/responses", json=body, headers={"X-RJ-Token-Ids": "1"}).json()
+    parsed = OpenAIResponse.model_validate(answer)
+    [call] = [o for o in parsed.output if o.type == "function_call"]
+    assert call.name == "increment_counter" and call.arguments == '{"count": 2}'
+    assert answer["output"][-1]["generation_token_ids"]  # NeMo Gym's training fields, when asked for
+    with httpx.stream("POST", gateway.url + "/r/v/v1/responses", json={**body, "stream": True}) as stream:
+        kinds = [line[len("event: ") :] for line in stream.iter_lines() if line.startswith("event: ")]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed"
+    assert "response.function_call_arguments.done" in kinds
+
+
+def test_nemo_gyms_own_rollout_prefix_reaches_both_gateways(start_gateway, counter) -> None:
+    from rollout_journal.participants.adapters.nemo_gym import rollout_id
+
+    gateway = start_gateway(tools=[f"counter={counter.url}"], ng_resources="counter")
+    rollout = rollout_id({"_ng_rollout_id": "7-2-a1"})  # NeMo Gym's retry of rollout 7-2 journals as 7-2
+    base = f"{gateway.url}/ng-rollout/{rollout}"
+    body = {
+        "responses_create_params": {"input": "Add 2, then 3.", "tools": COUNTER_TOOLS, "max_output_tokens": 64},
+        "initial_count": 0,
+        "expected_count": 5,
+    }
+    verified = simple_agent_loop(base, base, body)
+    assert verified is not None and verified["reward"] == 1.0
+    assert httpx.get(f"{gateway.url}/r/7-2/status").json()["finished"]

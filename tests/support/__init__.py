@@ -1,0 +1,1 @@
+"""Shared fixtures and helpers of the suite; no test module imports another."""
