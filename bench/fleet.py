@@ -1,6 +1,8 @@
-"""A fleet of workers on a 3-broker cluster: failover after a SIGKILL, a zombie, and throughput.
+"""A fleet of workers on a 3-broker cluster: failover after a SIGKILL, a zombie, broker kills,
+hand-offs with long turns, racing writer slots, and throughput.
 
-    python bench/fleet.py [--json] [--quick] [--bootstrap HOST:PORT,...]
+    python bench/fleet.py [--json] [--quick] [--bootstrap HOST:PORT,...] [--skip-throughput]
+                          [--no-broker-kills] [--races N] [--handoff-turn-s S] [--smoke]
 
 Starts a local 3-broker cluster (replication 3, ``min.insync.replicas=2``; or uses
 ``--bootstrap``), submits one workload and runs real ``rollout-journal worker`` processes:
@@ -20,42 +22,68 @@ Starts a local 3-broker cluster (replication 3, ``min.insync.replicas=2``; or us
    new attempt's fence committed (the partitions' producers fenced, their rollouts read,
    folded and their environments rebuilt); ``takeover_phases_seconds`` splits it, as the workers
    measured it: taking the writers and reading, then restoring and committing the fences.
-2. Throughput: the same workload without simulated latency, on 1, 2 and 3 workers (a fresh
+   ``broker_kills_survived``: during the same run (after the zombie), a broker is SIGKILLed, left
+   down until the workers commit again, and restarted, twice; the kills after which every worker
+   was still running (goal: all), with ``workers_exited``.
+2. Hand-offs with long turns: one worker drives a workload of ``--handoff-turn-s`` (60) second
+   turns; a second joins (the group moves half the partitions), then the first leaves (SIGTERM).
+   ``handoff_seconds_p99``: per moved partition, from its revocation at the old owner to the new
+   owner's first durable write to it (the moved rollouts restored and fenced), p99 over both
+   moves (goal: within the session timeout + 5 s, whatever the turn length: the old owner
+   abandons the turns in flight and the new one redoes them from the last committed turn).
+3. Racing writer slots: ``--races`` times, two ``resume`` processes with different ``--writer``
+   started on one fresh namespace at random offsets (0-500 ms). ``duplicate_training_records``:
+   training records on the results topic beyond one per rollout, summed over the races (goal 0);
+   ``race_outcomes`` counts how the second process ended (0: the two shared the partitions,
+   6: refused, naming the first).
+4. Throughput: the same workload without simulated latency, on 1, 2 and 3 workers (a fresh
    namespace each, the workers joined before the submit), turns per second from the first
    committed turn to the last; ratios to one worker.
+
+``--smoke`` (the suite's): one broker is enough (the cluster's replication), tiny sizes, no
+broker kills, 5 s turns for the hand-off, one race, no throughput.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import random
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import print_report  # noqa: E402
-from journal.backend import partition_for  # noqa: E402
-from journal.events import TurnCompleted  # noqa: E402
-from journal.kafka_config import KafkaSettings  # noqa: E402
-from journal.open import open_journal  # noqa: E402
-from participants.config import WorkloadConfig  # noqa: E402
-from participants.specs import workload_specs  # noqa: E402
-from tests.fleet_support import (  # noqa: E402
+from rollout_journal.journal.backend import partition_for  # noqa: E402
+from rollout_journal.journal.events import TurnCompleted  # noqa: E402
+from rollout_journal.journal.kafka.config import KafkaSettings  # noqa: E402
+from rollout_journal.journal.open import open_journal  # noqa: E402
+from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
+from rollout_journal.participants.workload.specs import workload_specs  # noqa: E402
+from tests.support.fleet_support import (  # noqa: E402
+    REPO,
     audit_journal,
+    child_environment,
     every_turn_reported,
     reported_turns,
     start_worker,
     submit,
     wait_for,
+    workload_done,
     workload_yaml,
 )
-from tests.recovery_support import reference_outcomes  # noqa: E402
+from tests.support.recovery_support import reference_outcomes  # noqa: E402
 
 PARTITIONS = 12
+REPLICATION = "&replication_factor=3&min_insync_replicas=2"  # --smoke: the cluster's own
 
 
 def log(message: str) -> None:
@@ -63,19 +91,34 @@ def log(message: str) -> None:
 
 
 def workload(url: str, *, name: str, groups: int, max_turns: int, turn_delay_ms: float) -> WorkloadConfig:
-    return WorkloadConfig(name=name, groups=groups, siblings=3, max_turns=max_turns, environment="workplace,counter",
-                          seed=7, allow_early_submit=False, turn_delay_ms=turn_delay_ms, snapshot_every_turns=4,
-                          journal=url)
+    return WorkloadConfig(
+        name=name,
+        groups=groups,
+        siblings=3,
+        max_turns=max_turns,
+        environment="workplace,counter",
+        seed=7,
+        allow_early_submit=False,
+        turn_delay_ms=turn_delay_ms,
+        snapshot_every_turns=4,
+        journal=url,
+    )
 
 
 def namespace_url(bootstrap: str, namespace: str) -> str:
-    return f"kafka://{bootstrap}/{namespace}?partitions={PARTITIONS}&replication_factor=3&min_insync_replicas=2"
+    return f"kafka://{bootstrap}/{namespace}?partitions={PARTITIONS}{REPLICATION}"
 
 
 def balanced(workers: list) -> None:
-    wait_for(lambda: all(w.partitions() for w in workers)
-             and sorted(p for w in workers for p in w.partitions()) == list(range(PARTITIONS)), 300,
-             "the workers to share the partitions", workers)
+    wait_for(
+        lambda: (
+            all(w.partitions() for w in workers)
+            and sorted(p for w in workers for p in w.partitions()) == list(range(PARTITIONS))
+        ),
+        300,
+        "the workers to share the partitions",
+        workers,
+    )
 
 
 def stop_all(workers: list) -> None:
@@ -90,16 +133,47 @@ def first_turn_after(url: str, rollouts: set[str], writers: set[str], after_ms: 
     with open_journal(url, writer="bench", read_only=True) as journal:
         for item in journal.scan():
             h = item.event.header
-            if isinstance(item.event, TurnCompleted) and h.rollout_id in rollouts and h.writer in writers \
-                    and h.ts_ms >= after_ms and (first is None or h.ts_ms < first):
+            if (
+                isinstance(item.event, TurnCompleted)
+                and h.rollout_id in rollouts
+                and h.writer in writers
+                and h.ts_ms >= after_ms
+                and (first is None or h.ts_ms < first)
+            ):
                 first = h.ts_ms
     return first
 
 
-def failover(bootstrap: str, work: Path, quick: bool) -> dict:
+def kill_brokers(cluster, workers: list, config: WorkloadConfig, times: int) -> dict:
+    """SIGKILL a broker, wait until the fleet commits again, restart it, wait again; ``times`` times."""
+    survived, kills = 0, 0
+    for node in [2, 3, 1][:times]:
+        if every_turn_reported(workers, config):
+            log(f"broker kills: the workload finished after {kills} kills")
+            break
+        cluster.kill_node(node)
+        kills += 1
+        killed = time.monotonic()
+        log(f"broker kills: SIGKILLed broker {node}")
+        wait_for(functools.partial(going_on, workers, config, killed), 300, f"commits with broker {node} down", [])
+        cluster.restart_node(node, ready_timeout_s=300)
+        restarted = time.monotonic()
+        log(f"broker kills: restarted broker {node}")
+        wait_for(functools.partial(going_on, workers, config, restarted), 300, f"commits after {node} is back", [])
+        survived += all(w.process.poll() is None for w in workers)
+    return {"broker_kills": kills, "broker_kills_survived": survived}
+
+
+def going_on(workers: list, config: WorkloadConfig, since: float) -> bool:
+    alive = [w for w in workers if w.process.poll() is None]
+    return every_turn_reported(workers, config) or sum(len(w.committed(since=since)) for w in alive) >= 6
+
+
+def failover(bootstrap: str, work: Path, quick: bool, cluster: Any = None, broker_kills: int = 2) -> dict:
     url = namespace_url(bootstrap, "bench-failover")
-    config = workload(url, name="failover", groups=10 if quick else 20, max_turns=30 if quick else 40,
-                      turn_delay_ms=300)
+    config = workload(
+        url, name="failover", groups=10 if quick else 20, max_turns=30 if quick else 40, turn_delay_ms=300
+    )
     log(f"failover: {len(workload_specs(config))} rollouts x {config.max_turns} turns, reference run ...")
     reference = reference_outcomes(config)
     workers = [start_worker(url, f"w{i}", work) for i in range(3)]
@@ -113,22 +187,40 @@ def failover(bootstrap: str, work: Path, quick: bool) -> dict:
         victim.signal(signal.SIGKILL)
         victim.process.wait()
         log(f"failover: SIGKILLed w0, owner of partitions {sorted(moved)}")
-        moved_at = wait_for(lambda: moved <= survivors[0].partitions() | survivors[1].partitions(), 120,
-                            "the survivors to take the partitions", survivors)
+        moved_at = wait_for(
+            lambda: moved <= survivors[0].partitions() | survivors[1].partitions(),
+            120,
+            "the survivors to take the partitions",
+            survivors,
+        )
         assigned = [t for w in survivors for t, _ in w.seen("partitions-assigned", since=killed)]
-        moved_rollouts = {s.rollout_id for s in workload_specs(config) if partition_for(s.rollout_id, PARTITIONS) in moved}
-        wait_for(lambda: any(rid in moved_rollouts for w in survivors for _, rid, _ in w.committed()), 120,
-                 "a survivor to commit a turn of a moved rollout", survivors)
+        moved_rollouts = {
+            s.rollout_id for s in workload_specs(config) if partition_for(s.rollout_id, PARTITIONS) in moved
+        }
+        wait_for(
+            lambda: any(rid in moved_rollouts for w in survivors for _, rid, _ in w.committed()),
+            120,
+            "a survivor to commit a turn of a moved rollout",
+            survivors,
+        )
 
         zombie, other = survivors
         taken = zombie.partitions()
         zombie.signal(signal.SIGSTOP)
         log(f"zombie: SIGSTOPped w1, owner of partitions {sorted(taken)}")
         try:
-            wait_for(lambda: taken <= other.partitions(), 120,
-                     "the other survivor to take the stalled worker's partitions", [other])
+            wait_for(
+                lambda: taken <= other.partitions(),
+                120,
+                "the other survivor to take the stalled worker's partitions",
+                [other],
+            )
         finally:
             zombie.signal(signal.SIGCONT)
+        kills = {"broker_kills": 0, "broker_kills_survived": 0}
+        if cluster is not None and broker_kills:
+            kills = kill_brokers(cluster, survivors, config, broker_kills)
+        exited = [w.name for w in survivors if w.process.poll() is not None]
         wait_for(lambda: every_turn_reported(workers, config), 600, "every rollout to finish", survivors)
         stop_all(survivors)
     finally:
@@ -149,18 +241,20 @@ def failover(bootstrap: str, work: Path, quick: bool) -> dict:
             _, numbers, read_s, admit_s = line.split()
             if {int(p) for p in numbers.split(",")} & moved:
                 phases.append((float(read_s), float(admit_s)))
-                break
     audit = audit_journal(url, config)
     reported = reported_turns(workers)
-    return {
+    return kills | {
+        "workers_exited": len(exited),
         "workers": 3,
         "rollouts": len(workload_specs(config)),
         "partitions": PARTITIONS,
         "failover_seconds": None if first is None else round((first - killed_ms) / 1000, 2),
         "partitions_moved_seconds": round((min(assigned) if assigned else moved_at) - killed, 2),
         "takeover_seconds": round(max(admitted) - min(assigned), 2) if admitted and assigned else None,
-        "takeover_phases_seconds": {"take_writers_and_read": round(max((p[0] for p in phases), default=0), 2),
-                                    "restore_and_fence": round(max((p[1] for p in phases), default=0), 2)},
+        "takeover_phases_seconds": {
+            "take_writers_and_read": round(max((p[0] for p in phases), default=0), 2),
+            "restore_and_fence": round(max((p[1] for p in phases), default=0), 2),
+        },
         "session_timeout_seconds": KafkaSettings.model_fields["group_session_timeout_ms"].default / 1000,
         "turns_lost": sum(1 for turn in reported if audit.turns_standing[turn] != 1),
         "duplicate_turns": sum(count - 1 for count in audit.turns_written.values() if count > 1),
@@ -173,8 +267,9 @@ def throughput(bootstrap: str, work: Path, quick: bool) -> dict:
     turns_per_s: dict[int, float] = {}
     for count in (1, 2, 3):
         url = namespace_url(bootstrap, f"bench-throughput-{count}")
-        config = workload(url, name=f"tp{count}", groups=10 if quick else 20, max_turns=8 if quick else 16,
-                          turn_delay_ms=0.0)
+        config = workload(
+            url, name=f"tp{count}", groups=10 if quick else 20, max_turns=8 if quick else 16, turn_delay_ms=0.0
+        )
         total = len(workload_specs(config)) * config.max_turns
         workers = [start_worker(url, f"t{count}-{i}", work) for i in range(count)]
         try:
@@ -196,6 +291,103 @@ def throughput(bootstrap: str, work: Path, quick: bool) -> dict:
     }
 
 
+def handoff(bootstrap: str, work: Path, turn_s: float) -> dict:
+    """Two planned moves with ``turn_s`` turns in flight: a worker joins, then the first leaves."""
+    url = namespace_url(bootstrap, "bench-handoff")
+    config = workload(url, name="handoff", groups=4, max_turns=3, turn_delay_ms=turn_s * 1000)
+    submit(url, workload_yaml(work / "handoff.yaml", **config.model_dump(mode="json", exclude={"journal"})))
+    first = start_worker(url, "h0", work)
+    workers = [first]
+    moves: list[float] = []
+    try:
+        wait_for(
+            lambda: len(first.partitions()) == PARTITIONS and bool(first.seen("rollouts-admitted")), 300, "h0", workers
+        )
+        time.sleep(min(turn_s / 3, 10.0))  # every rollout mid-turn
+        second = start_worker(url, "h1", work)
+        workers.append(second)
+        wait_for(lambda: bool(first.seen("partitions-revoked")), 300, "the join's revocation", workers)
+        moves += handoff_times(first, second, work)
+        left = time.monotonic()
+        first.stop()
+        wait_for(lambda: len(second.partitions()) == PARTITIONS, 300, "h1 to own every partition", [second])
+        moves += handoff_times(first, second, work, since=left)
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None:
+                worker.process.kill()
+    moves.sort()
+    p99 = moves[min(len(moves) - 1, int(round(0.99 * (len(moves) - 1))))] if moves else None
+    return {
+        "handoff_turn_seconds": turn_s,
+        "handoff_moves": len(moves),
+        "handoff_seconds_p99": None if p99 is None else round(p99, 2),
+        "handoff_seconds_max": round(max(moves), 2) if moves else None,
+    }
+
+
+def handoff_times(old: Any, new: Any, work: Path, since: float = 0.0) -> list[float]:
+    """Per partition the old owner revoked (its first revocation after ``since``): from then to the new
+    owner's take of it, its rollouts restored and their fences durable (``takeover-seconds``)."""
+    out = []
+    for revoked_at, line in old.seen("partitions-revoked", since=since)[:1]:
+        for partition in (int(p) for p in line.split()[1].split(",") if p != "-"):
+
+            def taken(p: int = partition, t: float = revoked_at) -> list[float]:
+                return [a for a, text in new.seen("takeover-seconds", t) if text.split()[1] == str(p)]
+
+            wait_for(lambda: bool(taken()), 300, f"the new owner to take partition {partition}", [new])  # noqa: B023
+            out.append(min(taken()) - revoked_at)
+    return out
+
+
+def races(bootstrap: str, work: Path, rounds: int) -> dict:
+    """Two ``resume`` slots of different writers raced on fresh namespaces."""
+    duplicates = 0
+    outcomes: Counter = Counter()
+    for round_ in range(rounds):
+        url = namespace_url(bootstrap, f"bench-race-{round_}-{os.getpid()}")
+        config = workload(url, name="race", groups=2, max_turns=4, turn_delay_ms=300)
+        path = workload_yaml(work / f"race{round_}.yaml", **config.model_dump(mode="json"))
+        procs = []
+        for writer in ("a", "b"):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "rollout_journal.replay.cli.main", "resume", str(path), "--writer", writer],
+                    cwd=REPO,
+                    env=child_environment(),
+                    stdout=subprocess.DEVNULL,
+                    stderr=(work / f"race{round_}-{writer}.err").open("w"),
+                )
+            )
+            time.sleep(random.uniform(0.0, 0.5))
+        codes = [p.wait(900) for p in procs]
+        outcomes[str(codes[1])] += 1
+        if not workload_done(url):
+            log(f"race {round_}: the workload is not done (exit codes {codes})")
+        per_rollout = training_records(url)
+        duplicates += sum(count - 1 for count in per_rollout.values() if count > 1)
+        log(f"race {round_}: exit codes {codes}, training records {sum(per_rollout.values())}")
+    return {"races": rounds, "race_outcomes": dict(outcomes), "duplicate_training_records": duplicates}
+
+
+def training_records(url: str) -> Counter:
+    from rollout_journal.journal.open import open_backend
+    from rollout_journal.journal.results import ResultsDecoder
+
+    backend = open_backend(url, read_only=True)
+    decoder, found = ResultsDecoder(), Counter[str]()
+    try:
+        for partition in range(backend.partitions):
+            for stored in backend.read_results(partition):
+                published = decoder.add(stored)
+                if published is not None:
+                    found[published.record.rollout_id] += 1
+    finally:
+        backend.close()
+    return found
+
+
 def main() -> int:
     os.environ.pop("KAFKA_BOOTSTRAP_SERVERS", None)  # it would replace the servers of every URL here
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -203,20 +395,32 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer rollouts and turns")
     parser.add_argument("--bootstrap", help="a running 3-broker cluster (default: start one for the run)")
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--no-broker-kills", action="store_true")
+    parser.add_argument("--races", type=int, default=10, help="racing writer slots, rounds")
+    parser.add_argument("--handoff-turn-s", type=float, default=60.0)
+    parser.add_argument("--smoke", action="store_true", help="the suite's cheap run (see the module docstring)")
     args = parser.parse_args()
+    global REPLICATION
+    if args.smoke:
+        REPLICATION = ""
+        args.quick, args.skip_throughput, args.no_broker_kills, args.races = True, True, True, 1
+        args.handoff_turn_s = 5.0
     with tempfile.TemporaryDirectory(prefix="rj-bench-fleet-") as tmp:
         work = Path(tmp)
         cluster = None
         if args.bootstrap:
             bootstrap = args.bootstrap
         else:
-            from compose.local_broker import start_local_cluster
+            from rollout_journal.compose.local_broker import start_local_cluster
 
             log("starting a local 3-broker cluster ...")
             cluster = start_local_cluster(3, work / "kafka3")
             bootstrap = cluster.bootstrap_servers
         try:
-            report = failover(bootstrap, work, args.quick)
+            report = failover(bootstrap, work, args.quick, cluster, 0 if args.no_broker_kills else 2)
+            report |= handoff(bootstrap, work, args.handoff_turn_s)
+            if args.races:
+                report |= races(bootstrap, work, args.races)
             if not args.skip_throughput:
                 report |= throughput(bootstrap, work, args.quick)
         finally:

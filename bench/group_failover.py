@@ -2,7 +2,7 @@
 
     python bench/group_failover.py [--json] [--partitions 12] [--skip-consumer-protocol]
 
-Three member processes join ``<namespace>.workers`` through ``journal.kafka_group.WorkerGroup``
+Three member processes join ``<namespace>.workers`` through ``rollout_journal.journal.kafka.group.WorkerGroup``
 (the worker's own membership code) and report every assignment change with a timestamp.
 Scenarios, each on a fresh namespace:
 
@@ -37,9 +37,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import kafka_bootstrap  # noqa: E402
-from journal.kafka_backend import KafkaBackend  # noqa: E402
-from journal.kafka_config import KafkaSettings  # noqa: E402
-from journal.kafka_group import PartitionsCallback, WorkerGroup  # noqa: E402
+from rollout_journal.journal.kafka.backend import KafkaBackend  # noqa: E402
+from rollout_journal.journal.kafka.config import KafkaSettings  # noqa: E402
+from rollout_journal.journal.kafka.group import PartitionsCallback, WorkerGroup  # noqa: E402
 
 MEMBERS = 3
 
@@ -50,15 +50,25 @@ def log(message: str) -> None:
 
 def member_main(args: argparse.Namespace) -> None:
     """A member process: join, print each change as ``<event> <time> <partitions>``, leave on SIGTERM."""
-    settings = KafkaSettings(bootstrap_servers=args.bootstrap, namespace=args.namespace, partitions=args.partitions,
-                             group_protocol=args.protocol)
+    settings = KafkaSettings(
+        bootstrap_servers=args.bootstrap,
+        namespace=args.namespace,
+        partitions=args.partitions,
+        group_protocol=args.protocol,
+    )
     stop = threading.Event()
 
     def say(event: str) -> PartitionsCallback:
         return lambda parts: print(f"{event} {time.time():.3f} {','.join(map(str, parts))}", flush=True)
 
-    group = WorkerGroup(settings, args.name, on_assigned=say("assigned"), on_revoked=say("revoked"),
-                        on_lost=say("lost"), instance_id=args.instance_id)
+    group = WorkerGroup(
+        settings,
+        args.name,
+        on_assigned=say("assigned"),
+        on_revoked=say("revoked"),
+        on_lost=say("lost"),
+        instance_id=args.instance_id,
+    )
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     group.start()
     print(f"joined {time.time():.3f} -", flush=True)
@@ -86,8 +96,21 @@ class Fleet:
         self.lock = threading.Lock()
 
     def start(self, name: str) -> Member:
-        cmd = [sys.executable, __file__, "member", "--bootstrap", self.bootstrap, "--namespace", self.namespace,
-               "--partitions", str(self.partitions), "--protocol", self.protocol, "--name", name]
+        cmd = [
+            sys.executable,
+            __file__,
+            "member",
+            "--bootstrap",
+            self.bootstrap,
+            "--namespace",
+            self.namespace,
+            "--partitions",
+            str(self.partitions),
+            "--protocol",
+            self.protocol,
+            "--name",
+            name,
+        ]
         if self.static:
             cmd += ["--instance-id", name]
         process = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
@@ -125,7 +148,8 @@ class Fleet:
     def settled(self) -> bool:
         owners = self.owners()
         return len(owners) == self.partitions and len(set(owners.values())) == len(
-            [m for m in self.members.values() if m.process.poll() is None])
+            [m for m in self.members.values() if m.process.poll() is None]
+        )
 
     def stop(self) -> None:
         for member in self.members.values():
@@ -159,8 +183,9 @@ def scenario(bootstrap: str, partitions: int, protocol: str, *, static: bool, ho
             again = fleet.start("m0")  # the same instance id
             done = fleet.wait(lambda: moved <= again.owned, timeout_s)
             result["seconds_until_back"] = round(done - signalled, 2)
-            result["rebalance_seen_by_others"] = sum(
-                m.revocations for m in fleet.members.values() if m.name != "m0") > others_revoked
+            result["rebalance_seen_by_others"] = (
+                sum(m.revocations for m in fleet.members.values() if m.name != "m0") > others_revoked
+            )
         else:
             done = fleet.wait(lambda: all(fleet.owners().get(p) not in (None, "m0") for p in moved), timeout_s)
             result["seconds_until_moved"] = round(done - signalled, 2)
@@ -184,8 +209,12 @@ def main() -> None:
     if args.command == "member":
         member_main(args)
         return
-    cases = [("classic", False, "sigkill"), ("classic", False, "sigterm"), ("classic", True, "restart"),
-             ("classic", True, "sigterm")]
+    cases = [
+        ("classic", False, "sigkill"),
+        ("classic", False, "sigterm"),
+        ("classic", True, "restart"),
+        ("classic", True, "sigterm"),
+    ]
     if not args.skip_consumer_protocol:
         cases += [("consumer", False, "sigkill"), ("consumer", False, "sigterm")]
     results = []

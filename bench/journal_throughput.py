@@ -32,12 +32,12 @@ from confluent_kafka import Producer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import kafka_bootstrap, median, percentile, turn_events  # noqa: E402
-from journal.backend import partition_for  # noqa: E402
-from journal.codec import Codec  # noqa: E402
-from journal.file_backend import FileBackend  # noqa: E402
-from journal.journal import AppendReceipt, Journal  # noqa: E402
-from journal.kafka_backend import KafkaBackend  # noqa: E402
-from journal.kafka_config import KafkaSettings  # noqa: E402
+from rollout_journal.journal.backend import partition_for  # noqa: E402
+from rollout_journal.journal.codec import Codec  # noqa: E402
+from rollout_journal.journal.file.backend import FileBackend  # noqa: E402
+from rollout_journal.journal.journal import AppendReceipt, Journal  # noqa: E402
+from rollout_journal.journal.kafka.backend import KafkaBackend  # noqa: E402
+from rollout_journal.journal.kafka.config import KafkaSettings  # noqa: E402
 
 
 def workload(rollouts: int, turns: int) -> dict[str, list[list]]:
@@ -69,11 +69,16 @@ def run_journal(journal: Journal, turns_by_rollout: dict[str, list[list]]) -> tu
 
 
 def run_raw(settings: KafkaSettings, topic: str, payloads: list[tuple[str, bytes]], partitions: int) -> float:
-    producer = Producer({
-        "bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-        "linger.ms": settings.linger_ms, "batch.size": settings.batch_size,
-        "compression.type": settings.compression_type,
-    })
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": settings.linger_ms,
+            "batch.size": settings.batch_size,
+            "compression.type": settings.compression_type,
+        }
+    )
     started = time.perf_counter()
     for key, value in payloads:
         while True:
@@ -111,8 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     with kafka_bootstrap() as bootstrap:
         for round_ in range(args.rounds):
             ns = f"bench{uuid.uuid4().hex[:8]}"
-            settings = KafkaSettings(bootstrap_servers=bootstrap, namespace=ns, partitions=args.partitions,
-                                     transactional_id=f"{ns}-w0")
+            settings = KafkaSettings(
+                bootstrap_servers=bootstrap, namespace=ns, partitions=args.partitions, transactional_id=f"{ns}-w0"
+            )
             with Journal(KafkaBackend(settings), linger_ms=args.linger_ms) as journal:
                 results["raw"].append(run_raw(settings, settings.events_topic, payloads, args.partitions))
                 seconds, ms, n = run_journal(journal, turns)
@@ -123,9 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                     seconds, ms, _ = run_journal(journal, turns)
             results["file"].append(seconds)
             file_commit_ms += ms
-            print(f"round {round_ + 1}/{args.rounds}: raw {events / results['raw'][-1]:,.0f} ev/s, "
-                  f"journal {events / results['journal'][-1]:,.0f} ev/s, file {events / results['file'][-1]:,.0f} ev/s",
-                  file=sys.stderr)
+            print(
+                f"round {round_ + 1}/{args.rounds}: raw {events / results['raw'][-1]:,.0f} ev/s, "
+                f"journal {events / results['journal'][-1]:,.0f} ev/s, file {events / results['file'][-1]:,.0f} ev/s",
+                file=sys.stderr,
+            )
     raw = events / median(results["raw"])
     journal_rate = events / median(results["journal"])
     report = {
@@ -147,10 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"journal {report['journal_events_per_s']:,} events/s vs raw producer "
-              f"{report['raw_producer_events_per_s']:,} events/s (same bytes, same run): ratio {report['ratio']}; "
-              f"commit p50 {report['commit_p50_ms']} ms, p99 {report['commit_p99_ms']} ms; "
-              f"file backend {report['file_events_per_s']:,} events/s")
+        print(
+            f"journal {report['journal_events_per_s']:,} events/s vs raw producer "
+            f"{report['raw_producer_events_per_s']:,} events/s (same bytes, same run): ratio {report['ratio']}; "
+            f"commit p50 {report['commit_p50_ms']} ms, p99 {report['commit_p99_ms']} ms; "
+            f"file backend {report['file_events_per_s']:,} events/s"
+        )
     return 0
 
 

@@ -68,13 +68,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bootstrap_median_interval, median  # noqa: E402
-from journal.events import ModelCall, ModelCallProgress  # noqa: E402
-from journal.journal import ReadReport  # noqa: E402
-from journal.open import open_journal  # noqa: E402
-from participants.config import ModelConfig, WorkloadConfig  # noqa: E402
-from participants.generation import GenerationBackend, GenerationRequest, TokenChunk  # noqa: E402
-from participants.runner import Runner, RunReport  # noqa: E402
-from participants.workload import build_backend, open_workload_journal  # noqa: E402
+from rollout_journal.journal.events import ModelCall, ModelCallProgress  # noqa: E402
+from rollout_journal.journal.journal import ReadReport  # noqa: E402
+from rollout_journal.journal.open import open_journal  # noqa: E402
+from rollout_journal.participants.model.generation import GenerationBackend, GenerationRequest, TokenChunk  # noqa: E402
+from rollout_journal.participants.workload.config import ModelConfig, WorkloadConfig  # noqa: E402
+from rollout_journal.participants.workload.run import build_backend, open_workload_journal  # noqa: E402
+from rollout_journal.participants.workload.runner import Runner, RunReport  # noqa: E402
 
 SECTIONS = ("crash", "overhead")
 
@@ -89,26 +89,47 @@ def log(message: str) -> None:
 WORKLOAD_SEED = 3
 
 
-def crash_config(journal: Path, backend: str, tokens: int, every: int,
-                 interval_ms: float | None = 0.0) -> WorkloadConfig:
+def crash_config(
+    journal: Path, backend: str, tokens: int, every: int, interval_ms: float | None = 0.0
+) -> WorkloadConfig:
     """One rollout, two turns; each a greedy free-form call, then the tool call. By default a mark
     every ``every`` tokens exactly (no time floor), so where the marks fall follows from the
     tokens; ``interval_ms`` None keeps the workload's default floor."""
     floor = {} if interval_ms is None else {"progress_min_interval_ms": interval_ms}
-    return WorkloadConfig(name="prefix", groups=1, siblings=1, max_turns=2, seed=WORKLOAD_SEED,
-                          environment="workplace", allow_early_submit=False, journal=str(journal),
-                          progress_every_tokens=every, **floor,
-                          model=ModelConfig(backend=backend, temperature=0.0, reasoning_tokens=tokens))
+    return WorkloadConfig(
+        name="prefix",
+        groups=1,
+        siblings=1,
+        max_turns=2,
+        seed=WORKLOAD_SEED,
+        environment="workplace",
+        allow_early_submit=False,
+        journal=str(journal),
+        progress_every_tokens=every,
+        **floor,
+        model=ModelConfig(backend=backend, temperature=0.0, reasoning_tokens=tokens),
+    )
 
 
-def overhead_config(journal: Path, backend: str, tokens: int, every: int, rollouts: int, turns: int,
-                    interval_ms: float | None = None) -> WorkloadConfig:
+def overhead_config(
+    journal: Path, backend: str, tokens: int, every: int, rollouts: int, turns: int, interval_ms: float | None = None
+) -> WorkloadConfig:
     """The throughput workload; ``interval_ms`` None keeps the workload's default time floor."""
     floor = {} if interval_ms is None else {"progress_min_interval_ms": interval_ms}
-    return WorkloadConfig(name="overhead", groups=1, siblings=rollouts, max_turns=turns, seed=WORKLOAD_SEED,
-                          environment="workplace", allow_early_submit=False, journal=str(journal),
-                          progress_every_tokens=every, concurrency=rollouts, **floor,
-                          model=ModelConfig(backend=backend, temperature=0.0, reasoning_tokens=tokens))
+    return WorkloadConfig(
+        name="overhead",
+        groups=1,
+        siblings=rollouts,
+        max_turns=turns,
+        seed=WORKLOAD_SEED,
+        environment="workplace",
+        allow_early_submit=False,
+        journal=str(journal),
+        progress_every_tokens=every,
+        concurrency=rollouts,
+        **floor,
+        model=ModelConfig(backend=backend, temperature=0.0, reasoning_tokens=tokens),
+    )
 
 
 # The overhead section's variants: (progress_every_tokens is --every, time floor in ms; None: the default)
@@ -117,6 +138,7 @@ VARIANTS = {"off": (False, None), "on": (True, None), "exact": (True, 0.0)}
 
 def run_here(config: WorkloadConfig, backend: GenerationBackend, *, resume: bool) -> RunReport:
     """Run (or resume) ``config`` in this process on an already built ``backend``."""
+
     async def drive(runner: Runner) -> RunReport:
         try:
             return await runner.run(resume=resume)
@@ -156,6 +178,11 @@ class PositionLog:
         self.out = path.open("a", buffering=1)
         self.tokenizer, self.policy_version = inner.tokenizer, inner.policy_version
         self.deterministic, self.resumes_constrained = inner.deterministic, inner.resumes_constrained
+        self.logprob_mode = inner.logprob_mode
+
+    def set_policy_version(self, version: str) -> None:
+        self.inner.set_policy_version(version)
+        self.policy_version = version
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
         if request.constraint is not None:
@@ -195,8 +222,12 @@ def crash_at(config: WorkloadConfig, tmp: Path, turn: int, target: int, timeout_
     ``target`` tokens. Returns (call id, tokens the killed call had generated)."""
     config_path, positions = tmp / f"{Path(config.journal).name}.json", tmp / f"{Path(config.journal).name}.pos"
     config_path.write_text(config.model_dump_json())
-    child = subprocess.Popen([sys.executable, __file__, "--child", str(config_path), str(positions)],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--child", str(config_path), str(positions)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + timeout_s
     try:
         while child.poll() is None and time.monotonic() < deadline:
@@ -211,19 +242,29 @@ def crash_at(config: WorkloadConfig, tmp: Path, turn: int, target: int, timeout_
             child.kill()
             child.wait()
     if child.returncode != -signal.SIGKILL:
-        raise RuntimeError(f"the workload child exited with {child.returncode} before its call reached token "
-                           f"{target} (--tokens too small, or the model stopped early?): "
-                           f"{(child.stderr.read() if child.stderr else '')[-2000:]}")
+        raise RuntimeError(
+            f"the workload child exited with {child.returncode} before its call reached token "
+            f"{target} (--tokens too small, or the model stopped early?): "
+            f"{(child.stderr.read() if child.stderr else '')[-2000:]}"
+        )
     return last_position(positions)
 
 
-def crash_trial(tmp: Path, config: WorkloadConfig, backend: GenerationBackend, turn: int, target: int,
-                reference: dict, timeout_s: float) -> dict:
+def crash_trial(
+    tmp: Path,
+    config: WorkloadConfig,
+    backend: GenerationBackend,
+    turn: int,
+    target: int,
+    reference: dict,
+    timeout_s: float,
+) -> dict:
     """One crash at ``target`` tokens into turn ``turn``'s free-form call and its resume; every
     figure from the position log (how far the call got) and the journal (what the resume generated)."""
     call_id, at_crash = crash_at(config, tmp, turn, target, timeout_s)
-    journaled = sum(len(e.output_ids) for e in journal_events(config)
-                    if isinstance(e, ModelCallProgress) and e.call_id == call_id)
+    journaled = sum(
+        len(e.output_ids) for e in journal_events(config) if isinstance(e, ModelCallProgress) and e.call_id == call_id
+    )
     run_here(config, backend, resume=True)
     events = journal_events(config)
     calls = final_calls(events)
@@ -239,12 +280,24 @@ def crash_trial(tmp: Path, config: WorkloadConfig, backend: GenerationBackend, t
     resumed_tokens = len(finished.output_ids) - kept
     regenerated = max(0, min(at_crash, len(finished.output_ids)) - kept)
     every = config.progress_every_tokens
-    equal = all(calls.get(key) is not None and np.array_equal(calls[key].output_ids, ref.output_ids)
-                and np.array_equal(calls[key].logprobs, ref.logprobs) for key, ref in reference.items())
-    return {"turn": turn, "target": target, "tokens_at_crash": at_crash, "journaled_at_crash": journaled,
-            "prefix_kept": kept, "generated_by_resume": resumed_tokens, "regenerated": regenerated,
-            "after_last_mark": at_crash - (at_crash // every) * every if every else at_crash,
-            "call_tokens": len(finished.output_ids), "equals_uninterrupted": equal}
+    equal = all(
+        calls.get(key) is not None
+        and np.array_equal(calls[key].output_ids, ref.output_ids)
+        and np.array_equal(calls[key].logprobs, ref.logprobs)
+        for key, ref in reference.items()
+    )
+    return {
+        "turn": turn,
+        "target": target,
+        "tokens_at_crash": at_crash,
+        "journaled_at_crash": journaled,
+        "prefix_kept": kept,
+        "generated_by_resume": resumed_tokens,
+        "regenerated": regenerated,
+        "after_last_mark": at_crash - (at_crash // every) * every if every else at_crash,
+        "call_tokens": len(finished.output_ids),
+        "equals_uninterrupted": equal,
+    }
 
 
 def crash_section(tmp: Path, backend_name: str, crashes: int, tokens: int, every: int, seed: int) -> dict:
@@ -273,9 +326,11 @@ def crash_section(tmp: Path, backend_name: str, crashes: int, tokens: int, every
             config = crash_config(tmp / f"{mode}-{i}", backend_name, tokens, mode_every, interval_ms)
             trial = crash_trial(tmp, config, backend, turn, target, reference, timeout_s)
             trials[mode].append(trial)
-            log(f"  crash {i + 1}/{crashes} {mode}: killed at token {trial['tokens_at_crash']} of turn {turn}'s "
+            log(
+                f"  crash {i + 1}/{crashes} {mode}: killed at token {trial['tokens_at_crash']} of turn {turn}'s "
                 f"call (journaled {trial['journaled_at_crash']}), resume kept {trial['prefix_kept']}, "
-                f"regenerated {trial['regenerated']}, equal to uninterrupted: {trial['equals_uninterrupted']}")
+                f"regenerated {trial['regenerated']}, equal to uninterrupted: {trial['equals_uninterrupted']}"
+            )
     with_prefix, without = trials["with_prefix"], trials["without_prefix"]
     return {
         "crashes": crashes,
@@ -296,8 +351,9 @@ def crash_section(tmp: Path, backend_name: str, crashes: int, tokens: int, every
 
 
 # -- 2. progress journaling overhead ---------------------------------------------------
-def overhead_section(tmp: Path, backend_name: str, rounds: int, tokens: int, every: int, rollouts: int,
-                     turns: int) -> dict:
+def overhead_section(
+    tmp: Path, backend_name: str, rounds: int, tokens: int, every: int, rollouts: int, turns: int
+) -> dict:
     """Output tokens/s of the same rollouts with progress journaled (``on``: every ``every`` tokens
     and the workload's default time floor; ``exact``: every ``every`` tokens, no floor) and with it
     off; all with the turns journaled (file journal, durable commits). The three take turns in
@@ -307,8 +363,9 @@ def overhead_section(tmp: Path, backend_name: str, rounds: int, tokens: int, eve
     def one(name: str, variant: str) -> tuple[float, float, int]:
         """(output tokens/s, process CPU seconds per 1k output tokens, progress marks journaled)."""
         progress, interval_ms = VARIANTS[variant]
-        config = overhead_config(tmp / f"{name}-{variant}", backend_name, tokens, every if progress else 0,
-                                 rollouts, turns, interval_ms)
+        config = overhead_config(
+            tmp / f"{name}-{variant}", backend_name, tokens, every if progress else 0, rollouts, turns, interval_ms
+        )
         gc.collect()
         wall, cpu = time.perf_counter(), time.process_time()
         report = run_here(config, backend, resume=False)
@@ -322,23 +379,31 @@ def overhead_section(tmp: Path, backend_name: str, rounds: int, tokens: int, eve
         one("warmup", variant)
     runs: list[dict[str, tuple[float, float, int]]] = []
     for round_ in range(rounds):
-        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
         runs.append({variant: one(f"r{round_}", variant) for variant in order})
-        log(f"  overhead round {round_ + 1}/{rounds}: " + ", ".join(
-            f"{v} {runs[-1][v][0]:.0f} tok/s ({runs[-1][v][1]:.2f} CPU s per 1k tokens)" for v in names))
-    report: dict = {"overhead_rounds": rounds,
-                    "overhead_workload": {"rollouts": rollouts, "turns": turns, "reasoning_tokens": tokens,
-                                          "progress_every_tokens": every,
-                                          "progress_min_interval_ms": WorkloadConfig.model_fields[
-                                              "progress_min_interval_ms"].default},
-                    "tokens_per_s_progress_off": round(median([r["off"][0] for r in runs]), 1)}
+        log(
+            f"  overhead round {round_ + 1}/{rounds}: "
+            + ", ".join(f"{v} {runs[-1][v][0]:.0f} tok/s ({runs[-1][v][1]:.2f} CPU s per 1k tokens)" for v in names)
+        )
+    report: dict = {
+        "overhead_rounds": rounds,
+        "overhead_workload": {
+            "rollouts": rollouts,
+            "turns": turns,
+            "reasoning_tokens": tokens,
+            "progress_every_tokens": every,
+            "progress_min_interval_ms": WorkloadConfig.model_fields["progress_min_interval_ms"].default,
+        },
+        "tokens_per_s_progress_off": round(median([r["off"][0] for r in runs]), 1),
+    }
     for variant, key in (("on", "progress_overhead"), ("exact", "progress_overhead_every_token_mark")):
         overheads = [1 - r[variant][0] / r["off"][0] for r in runs]
         cpu_overheads = [r[variant][1] / r["off"][1] - 1 for r in runs]
         low, high = bootstrap_median_interval(overheads)
         cpu_low, cpu_high = bootstrap_median_interval(cpu_overheads)
         report |= {
-            key: round(median(overheads), 4), f"{key}_90ci": [round(low, 4), round(high, 4)],
+            key: round(median(overheads), 4),
+            f"{key}_90ci": [round(low, 4), round(high, 4)],
             f"{key}_rounds": [round(o, 4) for o in overheads],
             f"{key.replace('overhead', 'cpu_overhead')}": round(median(cpu_overheads), 4),
             f"{key.replace('overhead', 'cpu_overhead')}_90ci": [round(cpu_low, 4), round(cpu_high, 4)],
@@ -358,32 +423,51 @@ def summary(report: dict) -> str:
             f"{report['progress_every_tokens']}; {report['tokens_after_last_mark']} after the last marks), "
             f"{report['tokens_regenerated_without_prefix']} without, {report['tokens_regenerated_default_marks']} "
             f"with the default marks (a time floor too); continued output equal to the "
-            f"uninterrupted one: {report['continued_equals_uninterrupted']}")
+            f"uninterrupted one: {report['continued_equals_uninterrupted']}"
+        )
     if "progress_overhead" in report:
-        for key, what in (("progress_overhead", "default time floor"),
-                          ("progress_overhead_every_token_mark", "a mark every --every tokens exactly")):
+        for key, what in (
+            ("progress_overhead", "default time floor"),
+            ("progress_overhead_every_token_mark", "a mark every --every tokens exactly"),
+        ):
             low, high = report[f"{key}_90ci"]
             cpu = key.replace("overhead", "cpu_overhead")
-            lines.append(f"progress journaling overhead on generation throughput ({what}): {report[key]:.1%} "
-                         f"(90% interval {low:.1%} to {high:.1%}); CPU per token {report[cpu]:+.1%} "
-                         f"(90% interval {report[cpu + '_90ci'][0]:.1%} to {report[cpu + '_90ci'][1]:.1%})")
+            lines.append(
+                f"progress journaling overhead on generation throughput ({what}): {report[key]:.1%} "
+                f"(90% interval {low:.1%} to {high:.1%}); CPU per token {report[cpu]:+.1%} "
+                f"(90% interval {report[cpu + '_90ci'][0]:.1%} to {report[cpu + '_90ci'][1]:.1%})"
+            )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--crashes", type=int, default=6, help="crash points, each used with and without prefix "
-                                                                "recovery (default 6)")
-    parser.add_argument("--rounds", type=int, default=24, help="interleaved on/off throughput rounds (default 24: a "
-                        "round swings by 10-20 %% on a shared machine, and the goal is 3 %%)")
+    parser.add_argument(
+        "--crashes", type=int, default=6, help="crash points, each used with and without prefix recovery (default 6)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=24,
+        help="interleaved on/off throughput rounds (default 24: a "
+        "round swings by 10-20 %% on a shared machine, and the goal is 3 %%)",
+    )
     parser.add_argument("--tokens", type=int, default=384, help="tokens of the long free-form call (default 384)")
-    parser.add_argument("--every", type=int, default=32, help="progress_every_tokens with prefix recovery "
-                                                              "(default 32, the workload default)")
+    parser.add_argument(
+        "--every",
+        type=int,
+        default=32,
+        help="progress_every_tokens with prefix recovery (default 32, the workload default)",
+    )
     parser.add_argument("--rollouts", type=int, default=4, help="overhead section: rollouts in flight (default 4)")
     parser.add_argument("--turns", type=int, default=3, help="overhead section: turns per rollout (default 3)")
-    parser.add_argument("--backend", choices=("torch", "vllm"), default="torch",
-                        help="torch: the embedded tiny Llama on CPU (default); vllm: vLLM's engine in process")
+    parser.add_argument(
+        "--backend",
+        choices=("torch", "vllm"),
+        default="torch",
+        help="torch: the embedded tiny Llama on CPU (default); vllm: vLLM's engine in process",
+    )
     parser.add_argument("--seed", type=int, default=7, help="seed of the crash points (default 7)")
     parser.add_argument("--only", default=",".join(SECTIONS), help="sections to run: crash,overhead")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # internal: the workload child
@@ -402,8 +486,9 @@ def main(argv: list[str] | None = None) -> int:
             report |= crash_section(Path(tmp), args.backend, args.crashes, args.tokens, args.every, args.seed)
         if "overhead" in sections:
             log(f"progress journaling on vs off: {args.rounds} interleaved rounds")
-            report |= overhead_section(Path(tmp), args.backend, args.rounds, args.tokens, args.every,
-                                       args.rollouts, args.turns)
+            report |= overhead_section(
+                Path(tmp), args.backend, args.rounds, args.tokens, args.every, args.rollouts, args.turns
+            )
     print(json.dumps(report, indent=2) if args.json else summary(report))
     return 0
 

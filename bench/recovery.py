@@ -7,7 +7,7 @@
    turn 1) and periodic-snapshot-only recovery (back to the last snapshot).
    Each trial runs a workload in a child process and SIGKILLs it at a random
    moment, resumes it, and reads every figure from the journal
-   (``replay.redone``): what was committed at the crash, and which committed
+   (``rollout_journal.replay.redone``): what was committed at the crash, and which committed
    turns and tokens the restart journaled again. Environments of every
    recovery kind take part (event-sourced, exportable, restart-only).
 2. Restore time, phase by phase: reading the journal, folding the events into
@@ -41,17 +41,18 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bootstrap_median_interval, median, pauses_taken, percentile, turn_events  # noqa: E402
-from journal.events import AttemptStarted, Header  # noqa: E402
-from journal.file_backend import FileBackend  # noqa: E402
-from journal.journal import Journal  # noqa: E402
-from journal.restore import load_rollouts  # noqa: E402
-from journal.snapshots import SnapshotDraft  # noqa: E402
-from participants.config import WorkloadConfig  # noqa: E402
-from participants.rollout_state import RolloutState, restore_state  # noqa: E402
-from participants.runner import Runner, workload_specs  # noqa: E402
-from participants.workload import build_backend, open_workload_journal, run_workload  # noqa: E402
-from replay.crash import crash_midway  # noqa: E402
-from replay.redone import workload_at_crash, workload_redone  # noqa: E402
+from rollout_journal.journal.events import AttemptStarted, Header, RolloutAcknowledged  # noqa: E402
+from rollout_journal.journal.file.backend import FileBackend  # noqa: E402
+from rollout_journal.journal.journal import Journal  # noqa: E402
+from rollout_journal.journal.restore import load_rollouts  # noqa: E402
+from rollout_journal.journal.snapshots import SnapshotDraft  # noqa: E402
+from rollout_journal.participants.rollout.state import RolloutState, restore_state  # noqa: E402
+from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
+from rollout_journal.participants.workload.run import build_backend, open_workload_journal, run_workload  # noqa: E402
+from rollout_journal.participants.workload.runner import Runner  # noqa: E402
+from rollout_journal.participants.workload.specs import workload_specs  # noqa: E402
+from rollout_journal.replay.cli.crash import crash_midway  # noqa: E402
+from rollout_journal.replay.redone import workload_at_crash, workload_redone  # noqa: E402
 
 STRATEGIES = ("this_system", "naive_restart", "snapshot_only")
 
@@ -81,47 +82,97 @@ def crash_trial(config: WorkloadConfig, kill_after: int, extra_delay_s: float) -
     for rid, before in sorted(at_crash.items()):
         after = redone[rid]
         unfinished = not before.finished
-        since_snapshot = (before.turns, before.output_tokens) if after.restarted else \
-            (before.turns - before.snapshot_turns, before.output_tokens - before.snapshot_tokens)
-        rollouts.append({
-            "rollout_id": rid, "environment": environment[rid], "turns_at_crash": before.turns,
-            "tokens_at_crash": before.output_tokens, "finished_at_crash": before.finished,
-            "restarted": after.restarted,
-            "this_system": [after.turns, after.tokens],
-            "naive_restart": [before.turns, before.output_tokens] if unfinished else [0, 0],
-            "snapshot_only": list(since_snapshot) if unfinished else [0, 0],
-        })
-    return {"kill_after_turns": kill_after, "extra_delay_ms": round(extra_delay_s * 1000, 1),
-            "turns_committed_at_crash": sum(r["turns_at_crash"] for r in rollouts),
-            "unfinished_rollouts": sum(not r["finished_at_crash"] for r in rollouts),
-            "restore_ms": resumed.restore.as_ms(), "events_replayed": resumed.events_replayed,
-            "rollouts": rollouts}
+        since_snapshot = (
+            (before.turns, before.output_tokens)
+            if after.restarted
+            else (before.turns - before.snapshot_turns, before.output_tokens - before.snapshot_tokens)
+        )
+        rollouts.append(
+            {
+                "rollout_id": rid,
+                "environment": environment[rid],
+                "turns_at_crash": before.turns,
+                "tokens_at_crash": before.output_tokens,
+                "finished_at_crash": before.finished,
+                "restarted": after.restarted,
+                "this_system": [after.turns, after.tokens],
+                "naive_restart": [before.turns, before.output_tokens] if unfinished else [0, 0],
+                "snapshot_only": list(since_snapshot) if unfinished else [0, 0],
+            }
+        )
+    return {
+        "kill_after_turns": kill_after,
+        "extra_delay_ms": round(extra_delay_s * 1000, 1),
+        "turns_committed_at_crash": sum(r["turns_at_crash"] for r in rollouts),
+        "unfinished_rollouts": sum(not r["finished_at_crash"] for r in rollouts),
+        "restore_ms": resumed.restore.as_ms(),
+        "events_replayed": resumed.events_replayed,
+        "rollouts": rollouts,
+    }
 
 
 def strategy_totals(rollouts: list[dict]) -> dict:
     """Redone turns and tokens per strategy, summed over ``rollouts`` (rows of :func:`crash_trial`)."""
-    return {name: {"redone_turns": sum(r[name][0] for r in rollouts), "redone_tokens": sum(r[name][1] for r in rollouts)}
-            for name in STRATEGIES}
+    return {
+        name: {"redone_turns": sum(r[name][0] for r in rollouts), "redone_tokens": sum(r[name][1] for r in rollouts)}
+        for name in STRATEGIES
+    }
 
 
-def redo_config(tmp: Path, name: str, *, groups: int, siblings: int, turns: int, environment: str,
-                concurrency: int, snapshot_every: int = 4, seed: int = 11) -> WorkloadConfig:
-    return WorkloadConfig(name=name, groups=groups, siblings=siblings, max_turns=turns, seed=seed,
-                          environment=environment, allow_early_submit=False, journal=str(tmp / name),
-                          snapshot_every_turns=snapshot_every, concurrency=concurrency)
+def redo_config(
+    tmp: Path,
+    name: str,
+    *,
+    groups: int,
+    siblings: int,
+    turns: int,
+    environment: str,
+    concurrency: int,
+    snapshot_every: int = 4,
+    seed: int = 11,
+) -> WorkloadConfig:
+    return WorkloadConfig(
+        name=name,
+        groups=groups,
+        siblings=siblings,
+        max_turns=turns,
+        seed=seed,
+        environment=environment,
+        allow_early_submit=False,
+        journal=str(tmp / name),
+        snapshot_every_turns=snapshot_every,
+        concurrency=concurrency,
+    )
 
 
-def redone_work(tmp: Path, groups: int, siblings: int, turns: int, snapshot_every: int, seed: int,
-                trials: int, environment: str = "workplace,counter,sandbox", concurrency: int = 12) -> dict:
+def redone_work(
+    tmp: Path,
+    groups: int,
+    siblings: int,
+    turns: int,
+    snapshot_every: int,
+    seed: int,
+    trials: int,
+    environment: str = "workplace,counter,sandbox",
+    concurrency: int = 12,
+) -> dict:
     """``trials`` crashes of the same workload at random moments: a random number of durable
     turns, then a random delay of up to 20 ms (the kill lands in whatever was in flight)."""
     rng = random.Random(seed)
     total = groups * siblings * turns
     done: list[dict] = []
     while len(done) < trials:
-        config = redo_config(tmp, f"redo{len(done)}-{rng.randrange(10**6)}", groups=groups, siblings=siblings,
-                             turns=turns, environment=environment, concurrency=concurrency,
-                             snapshot_every=snapshot_every, seed=seed)
+        config = redo_config(
+            tmp,
+            f"redo{len(done)}-{rng.randrange(10**6)}",
+            groups=groups,
+            siblings=siblings,
+            turns=turns,
+            environment=environment,
+            concurrency=concurrency,
+            snapshot_every=snapshot_every,
+            seed=seed,
+        )
         kill_after, delay = rng.randint(1, total - 1), rng.uniform(0.0, 0.02)
         trial = crash_trial(config, kill_after, delay)
         if trial is None:
@@ -129,20 +180,33 @@ def redone_work(tmp: Path, groups: int, siblings: int, turns: int, snapshot_ever
             continue
         done.append(trial)
         t = strategy_totals(trial["rollouts"])
-        log(f"  trial {len(done)}/{trials}: killed after {kill_after} turns + {delay * 1000:.1f} ms; redone turns "
+        log(
+            f"  trial {len(done)}/{trials}: killed after {kill_after} turns + {delay * 1000:.1f} ms; redone turns "
             + ", ".join(f"{name} {t[name]['redone_turns']}" for name in STRATEGIES)
-            + f"; restore {trial['restore_ms']['total']} ms")
+            + f"; restore {trial['restore_ms']['total']} ms"
+        )
     rows = [r for trial in done for r in trial["rollouts"]]
     return {
-        "redo_workload": {"groups": groups, "siblings": siblings, "turns": turns, "environment": environment,
-                          "concurrency": concurrency, "snapshot_every_turns": snapshot_every, "trials": trials},
+        "redo_workload": {
+            "groups": groups,
+            "siblings": siblings,
+            "turns": turns,
+            "environment": environment,
+            "concurrency": concurrency,
+            "snapshot_every_turns": snapshot_every,
+            "trials": trials,
+        },
         "crashed_rollouts": sum(t["unfinished_rollouts"] for t in done),
         "turns_committed_at_crash": sum(t["turns_committed_at_crash"] for t in done),
         "strategies": strategy_totals(rows),
-        "strategies_by_environment": {env: strategy_totals([r for r in rows if r["environment"] == env])
-                                      for env in dict.fromkeys(r["environment"] for r in rows)},
-        "redo_trials": [{k: v for k, v in t.items() if k != "rollouts"} | {"strategies": strategy_totals(t["rollouts"])}
-                        for t in done],
+        "strategies_by_environment": {
+            env: strategy_totals([r for r in rows if r["environment"] == env])
+            for env in dict.fromkeys(r["environment"] for r in rows)
+        },
+        "redo_trials": [
+            {k: v for k, v in t.items() if k != "rollouts"} | {"strategies": strategy_totals(t["rollouts"])}
+            for t in done
+        ],
     }
 
 
@@ -150,13 +214,24 @@ def redone_work(tmp: Path, groups: int, siblings: int, turns: int, snapshot_ever
 def crashed_restore(tmp: Path, environment: str, groups: int, siblings: int, turns: int) -> dict:
     """Restore phases of a real crashed workload on one environment kind: every rollout started
     (concurrency covers them all), killed once about half the turns are durable."""
-    config = redo_config(tmp, f"restore-{environment}", groups=groups, siblings=siblings, turns=turns,
-                         environment=environment, concurrency=groups * siblings)
+    config = redo_config(
+        tmp,
+        f"restore-{environment}",
+        groups=groups,
+        siblings=siblings,
+        turns=turns,
+        environment=environment,
+        concurrency=groups * siblings,
+    )
     trial = crash_trial(config, kill_after=groups * siblings * turns // 2, extra_delay_s=0.0)
     if trial is None:
         raise RuntimeError(f"restore-{environment}: the child finished before the kill")
-    return {"rollouts": groups * siblings, "unfinished_at_crash": trial["unfinished_rollouts"],
-            "events_replayed": trial["events_replayed"], "restore_ms": trial["restore_ms"]}
+    return {
+        "rollouts": groups * siblings,
+        "unfinished_at_crash": trial["unfinished_rollouts"],
+        "events_replayed": trial["events_replayed"],
+        "restore_ms": trial["restore_ms"],
+    }
 
 
 def synthesize(root: Path, active: int, turns: int, snapshot_every: int, finished_before: int) -> None:
@@ -179,8 +254,9 @@ def synthesize(root: Path, active: int, turns: int, snapshot_every: int, finishe
         for turn in range(turns):
             for rid in ids:
                 state = states[rid]
-                events = turn_events(rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64,
-                                     prefix_len=len(state.head_tokens))
+                events = turn_events(
+                    rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64, prefix_len=len(state.head_tokens)
+                )
                 for event in events:
                     state.apply(event)
                 snap = None
@@ -195,7 +271,7 @@ def synthesize(root: Path, active: int, turns: int, snapshot_every: int, finishe
         if acknowledge:
             for rid in ids:
                 h = Header(rid, rid.rsplit("-", 1)[0], 1, 1, turns, 1 + 3 * turns, 0, "bench")
-                futures.append(journal.acknowledge(h, "trainer"))
+                futures.append(journal.acknowledge(RolloutAcknowledged(h, "trainer")))
         for f in futures:
             f.result()
 
@@ -221,8 +297,14 @@ def restore_phases(root: Path, repeats: int = 3) -> dict:
         folds.append(fold)
         totals.append(read + fold)
         replayed = plan.events_replayed
-    return {"read_s": median(reads), "fold_s": median(folds), "restore_s": median(totals),
-            "events_replayed": replayed, "rollouts": len(turns), "turns_folded": sum(turns)}
+    return {
+        "read_s": median(reads),
+        "fold_s": median(folds),
+        "restore_s": median(totals),
+        "events_replayed": replayed,
+        "rollouts": len(turns),
+        "turns_folded": sum(turns),
+    }
 
 
 # -- 3. journaling overhead ------------------------------------------------------
@@ -240,8 +322,15 @@ def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -
 
     def one(name: str, journaling: bool) -> tuple[float, float]:
         journal_dir = tmp / f"{name}-{'on' if journaling else 'off'}"
-        config = WorkloadConfig(name=name, groups=groups, siblings=siblings, max_turns=turns,
-                                allow_early_submit=False, journal=str(journal_dir), journaling=journaling)
+        config = WorkloadConfig(
+            name=name,
+            groups=groups,
+            siblings=siblings,
+            max_turns=turns,
+            allow_early_submit=False,
+            journal=str(journal_dir),
+            journaling=journaling,
+        )
         journal = open_workload_journal(config) if journaling else None
         try:
             runner = Runner(config, journal, backend, backend.tokenizer)
@@ -265,8 +354,10 @@ def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -
         order = (False, True) if round_ % 2 == 0 else (True, False)
         result = {journaling: one(f"tp{round_}", journaling) for journaling in order}
         pairs.append((result[True], result[False]))
-        log(f"  throughput round {round_ + 1}/{rounds}: on {result[True][0]:.1f} turns/s, "
-            f"off {result[False][0]:.1f} turns/s")
+        log(
+            f"  throughput round {round_ + 1}/{rounds}: on {result[True][0]:.1f} turns/s, "
+            f"off {result[False][0]:.1f} turns/s"
+        )
     overheads = [1 - on[0] / off[0] for on, off in pairs]
     low, high = bootstrap_median_interval(overheads)
     return {
@@ -275,22 +366,36 @@ def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -
         "journal_overhead": round(median(overheads), 4),
         "journal_overhead_90ci": [round(low, 4), round(high, 4)],
         "journal_cpu_overhead": round(median([on[1] / off[1] for on, off in pairs]) - 1, 4),
-        "throughput_rounds": rounds, "throughput_turns_per_run": total,
+        "throughput_rounds": rounds,
+        "throughput_turns_per_run": total,
     }
 
 
 # -- 4. coordinated pause ----------------------------------------------------------
 def coordinated_pauses(tmp: Path, groups: int, siblings: int, turns: int) -> dict:
-    config = WorkloadConfig(name="coord", groups=groups, siblings=siblings, max_turns=turns, environment="counter",
-                            allow_early_submit=False, journal=str(tmp / "coord"), checkpoint_mode="coordinated",
-                            coordinated_every_s=0.05, turn_delay_ms=5.0)
+    config = WorkloadConfig(
+        name="coord",
+        groups=groups,
+        siblings=siblings,
+        max_turns=turns,
+        environment="counter",
+        allow_early_submit=False,
+        journal=str(tmp / "coord"),
+        checkpoint_mode="coordinated",
+        coordinated_every_s=0.05,
+        turn_delay_ms=5.0,
+    )
     backend = build_backend(config)
     with open_workload_journal(config) as journal:
         runner = Runner(config, journal, backend, backend.tokenizer)
         asyncio.run(runner.run(resume=False))
         pauses, skipped = pauses_taken(runner)
-    return {"coordinated_checkpoints": len(pauses), "coordinated_pause_p50_ms": round(percentile(pauses, 50), 2),
-            "coordinated_pause_p99_ms": round(percentile(pauses, 99), 2), "coordinated_rollouts_skipped": skipped}
+    return {
+        "coordinated_checkpoints": len(pauses),
+        "coordinated_pause_p50_ms": round(percentile(pauses, 50), 2),
+        "coordinated_pause_p99_ms": round(percentile(pauses, 99), 2),
+        "coordinated_rollouts_skipped": skipped,
+    }
 
 
 SECTIONS = ("redo", "restore", "throughput", "pause")
@@ -301,10 +406,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--quick", action="store_true", help="smaller sizes (1k rollouts at most), for a smoke run")
     parser.add_argument("--trials", type=int, default=0, help="SIGKILLed workloads for the work redone (default 6)")
-    parser.add_argument("--rounds", type=int, default=0,
-                        help="journal-on/off throughput rounds (default 24; each is two runs of 256 turns)")
-    parser.add_argument("--only", default=",".join(SECTIONS),
-                        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=0,
+        help="journal-on/off throughput rounds (default 24; each is two runs of 256 turns)",
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(SECTIONS),
+        help=f"comma-separated sections to run, of {', '.join(SECTIONS)} (default: all)",
+    )
     args = parser.parse_args(argv)
     only = {name.strip() for name in args.only.split(",") if name.strip()}
     if not only or only - set(SECTIONS):
@@ -315,14 +427,24 @@ def main(argv: list[str] | None = None) -> int:
         tmp = Path(d)
         if "redo" in only:
             log("work redone after a crash (SIGKILL at random moments) ...")
-            report.update(redone_work(tmp, groups=9, siblings=4, turns=8, snapshot_every=4, seed=11,
-                                      trials=args.trials or (2 if args.quick else 6)))
+            report.update(
+                redone_work(
+                    tmp,
+                    groups=9,
+                    siblings=4,
+                    turns=8,
+                    snapshot_every=4,
+                    seed=11,
+                    trials=args.trials or (2 if args.quick else 6),
+                )
+            )
         if "restore" in only:
             restore_section(tmp, report, sizes, quick=args.quick)
         if "throughput" in only:
             log("rollout throughput, journaling on vs off ...")
-            report.update(throughput(tmp, rounds=args.rounds or (2 if args.quick else 24), groups=8, siblings=4,
-                                     turns=8))
+            report.update(
+                throughput(tmp, rounds=args.rounds or (2 if args.quick else 24), groups=8, siblings=4, turns=8)
+            )
         if "pause" in only:
             log("coordinated-mode checkpoint pauses ...")
             report.update(coordinated_pauses(tmp, groups=4, siblings=4, turns=12))
@@ -345,8 +467,10 @@ def restore_section(tmp: Path, report: dict, sizes: list[int], *, quick: bool) -
         synthesize(root, active=n, turns=3, snapshot_every=2, finished_before=0)
         phases = restore_phases(root)
         by_active[str(n)] = {k: round(v, 4) if isinstance(v, float) else v for k, v in phases.items()}
-        log(f"  {n} active rollouts: restore {phases['restore_s'] * 1000:.1f} ms (read {phases['read_s'] * 1000:.1f}, "
-            f"fold {phases['fold_s'] * 1000:.1f}; {phases['events_replayed']} events replayed)")
+        log(
+            f"  {n} active rollouts: restore {phases['restore_s'] * 1000:.1f} ms (read {phases['read_s'] * 1000:.1f}, "
+            f"fold {phases['fold_s'] * 1000:.1f}; {phases['events_replayed']} events replayed)"
+        )
     report["restore_time_by_active_rollouts"] = by_active
     log("restore time vs history and vs state size (snapshots on) ...")
     report.update(growth_section(tmp, active=200 if quick else 1000, rounds=3 if quick else 5))
@@ -365,8 +489,12 @@ def growth_section(tmp: Path, active: int, rounds: int) -> dict:
 
     Rounds rotate which journal goes first; each ratio is the median of its per-round ratios,
     so a shared machine's drift (and a cold page cache) lands on all alike."""
-    journals = {"base": (5, active // 2), "history": (5, 14 * active), "state": (41, active // 2),
-                "both": (41, 5 * active)}
+    journals = {
+        "base": (5, active // 2),
+        "history": (5, 14 * active),
+        "state": (41, active // 2),
+        "both": (41, 5 * active),
+    }
     roots = {name: tmp / f"growth-{name}" for name in journals}
     for name, (turns, past) in journals.items():
         synthesize(roots[name], active=active, turns=turns, snapshot_every=2, finished_before=past)
@@ -375,7 +503,7 @@ def growth_section(tmp: Path, active: int, rounds: int) -> dict:
     ratios: dict[str, list[float]] = {name: [] for name in journals if name != "base"}
     names = list(journals)
     for round_ in range(rounds):
-        order = names[round_ % len(names):] + names[:round_ % len(names)]
+        order = names[round_ % len(names) :] + names[: round_ % len(names)]
         measured = {name: restore_phases(roots[name], repeats=1) for name in order}
         for name in ratios:
             ratios[name].append(measured[name]["restore_s"] / measured["base"]["restore_s"])
@@ -384,40 +512,60 @@ def growth_section(tmp: Path, active: int, rounds: int) -> dict:
     growth: dict[str, dict[str, Any]] = {}  # a JSON report: numbers, and the ratio per round
     for name, (turns, past) in journals.items():
         medians = {key: median([r[key] for r in runs[name]]) for key in ("read_s", "fold_s", "restore_s")}
-        growth[name] = {"active_turns": turns, "past_rollouts": past, "journal_mb": round(sizes_mb[name], 3),
-                        "events_replayed": int(runs[name][0]["events_replayed"]),
-                        **{key: round(value, 4) for key, value in medians.items()}}
+        growth[name] = {
+            "active_turns": turns,
+            "past_rollouts": past,
+            "journal_mb": round(sizes_mb[name], 3),
+            "events_replayed": int(runs[name][0]["events_replayed"]),
+            **{key: round(value, 4) for key, value in medians.items()},
+        }
         if name in ratios:
             growth[name]["ratio_per_round"] = [round(r, 3) for r in ratios[name]]
             growth[name]["ratio"] = round(median(ratios[name]), 3)
-            log(f"  {name}: journal {sizes_mb[name]:.0f} MB vs {sizes_mb['base']:.0f} MB; restore "
+            log(
+                f"  {name}: journal {sizes_mb[name]:.0f} MB vs {sizes_mb['base']:.0f} MB; restore "
                 f"{growth[name]['restore_s'] * 1000:.1f} ms vs {growth['base']['restore_s'] * 1000:.1f} ms "
-                f"(ratio {growth[name]['ratio']:.2f})")
-    return {"restore_growth": {"active_rollouts": active, "rounds": rounds, "journals": growth},
-            "restore_time_ratio_10x_history": growth["history"]["ratio"],
-            "restore_time_ratio_8x_state": growth["state"]["ratio"],
-            "restore_time_ratio_history_and_state": growth["both"]["ratio"]}
+                f"(ratio {growth[name]['ratio']:.2f})"
+            )
+    return {
+        "restore_growth": {"active_rollouts": active, "rounds": rounds, "journals": growth},
+        "restore_time_ratio_10x_history": growth["history"]["ratio"],
+        "restore_time_ratio_8x_state": growth["state"]["ratio"],
+        "restore_time_ratio_history_and_state": growth["both"]["ratio"],
+    }
 
 
 def summary(report: dict) -> str:
     lines = []
     if "strategies" in report:
         s = report["strategies"]
-        lines.append("redone after a crash (turns / tokens): " + "; ".join(
-            f"{name} {s[name]['redone_turns']} / {s[name]['redone_tokens']}" for name in STRATEGIES))
+        lines.append(
+            "redone after a crash (turns / tokens): "
+            + "; ".join(f"{name} {s[name]['redone_turns']} / {s[name]['redone_tokens']}" for name in STRATEGIES)
+        )
     if "restore_crashed_by_environment" in report:
-        lines.append("restore of a crashed workload, total ms: " + ", ".join(
-            f"{env} {r['restore_ms']['total']} (rebuild {r['restore_ms']['rebuild']})"
-            for env, r in report["restore_crashed_by_environment"].items()))
-        lines.append(f"restore time ratio at 10x history: {report['restore_time_ratio_10x_history']}; "
-                     f"at 8x state: {report['restore_time_ratio_8x_state']}; at both: "
-                     f"{report['restore_time_ratio_history_and_state']}")
+        lines.append(
+            "restore of a crashed workload, total ms: "
+            + ", ".join(
+                f"{env} {r['restore_ms']['total']} (rebuild {r['restore_ms']['rebuild']})"
+                for env, r in report["restore_crashed_by_environment"].items()
+            )
+        )
+        lines.append(
+            f"restore time ratio at 10x history: {report['restore_time_ratio_10x_history']}; "
+            f"at 8x state: {report['restore_time_ratio_8x_state']}; at both: "
+            f"{report['restore_time_ratio_history_and_state']}"
+        )
     if "journal_overhead" in report:
-        lines.append(f"journal overhead {report['journal_overhead']:.1%} (90% interval "
-                     f"{report['journal_overhead_90ci'][0]:.1%} to {report['journal_overhead_90ci'][1]:.1%})")
+        lines.append(
+            f"journal overhead {report['journal_overhead']:.1%} (90% interval "
+            f"{report['journal_overhead_90ci'][0]:.1%} to {report['journal_overhead_90ci'][1]:.1%})"
+        )
     if "coordinated_pause_p50_ms" in report:
-        lines.append(f"coordinated pause p50 {report['coordinated_pause_p50_ms']} ms, "
-                     f"p99 {report['coordinated_pause_p99_ms']} ms")
+        lines.append(
+            f"coordinated pause p50 {report['coordinated_pause_p50_ms']} ms, "
+            f"p99 {report['coordinated_pause_p99_ms']} ms"
+        )
     return "\n".join(lines)
 
 

@@ -60,13 +60,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import kafka_bootstrap, turn_events  # noqa: E402
-from journal.backend import partition_for  # noqa: E402
-from journal.codec import Codec  # noqa: E402
-from journal.events import AttemptStarted, Header, Message  # noqa: E402
-from journal.kafka_backend import KafkaBackend  # noqa: E402
-from journal.kafka_config import KafkaSettings  # noqa: E402
-from replay import open_replay  # noqa: E402
-from replay.partition_scan import jobs_for  # noqa: E402
+from rollout_journal.journal.backend import partition_for  # noqa: E402
+from rollout_journal.journal.codec import Codec  # noqa: E402
+from rollout_journal.journal.events import AttemptStarted, Header, Message  # noqa: E402
+from rollout_journal.journal.kafka.backend import KafkaBackend  # noqa: E402
+from rollout_journal.journal.kafka.config import KafkaSettings  # noqa: E402
+from rollout_journal.replay import open_replay  # noqa: E402
+from rollout_journal.replay.partition_scan import jobs_for  # noqa: E402
 
 PARTITIONS = 8
 
@@ -81,8 +81,16 @@ def write_journal(location: str, rollouts: int, turns: int, prompt_delta: int, o
 
     settings = KafkaSettings.from_url(location)
     KafkaBackend(settings, transactional=False, create_topics=True).close()
-    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all",
-                         "linger.ms": 20, "batch.size": 1 << 20, "compression.type": "none"})
+    producer = Producer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1 << 20,
+            "compression.type": "none",
+        }
+    )
     codec = Codec()
     rng = np.random.default_rng(0)
     events = size = 0
@@ -97,8 +105,13 @@ def write_journal(location: str, rollouts: int, turns: int, prompt_delta: int, o
 
     for r in range(rollouts):
         rid = f"bench-g{r // 4}-s{r % 4}"
-        start = AttemptStarted(Header(rid, rid.rsplit("-", 1)[0], 1, 1, 0, 0, Header.now_ms(), "bench"), 0, "topology",
-                               "new rollout", [Message("system", "bench"), Message("user", "task")])
+        start = AttemptStarted(
+            Header(rid, rid.rsplit("-", 1)[0], 1, 1, 0, 0, Header.now_ms(), "bench"),
+            0,
+            "topology",
+            "new rollout",
+            [Message("system", "bench"), Message("user", "task")],
+        )
         records = [start]
         for t in range(turns):
             records += turn_events(rid, t, 1 + 3 * t, rng, prompt_delta=prompt_delta, output=output)
@@ -157,7 +170,7 @@ def cpu_seconds() -> float:
 def list_scan(location: str, jobs: int | None = None) -> tuple[int, float, float]:
     """(events, seconds, CPU seconds of every process) of ``replay list`` over the journal,
     with ``jobs`` scan workers (None: what the command chooses)."""
-    from replay import list_rollouts
+    from rollout_journal.replay import list_rollouts
 
     started, cpu = time.perf_counter(), cpu_seconds()
     with open_replay(location) as source:
@@ -170,8 +183,12 @@ def list_scan(location: str, jobs: int | None = None) -> tuple[int, float, float
 
 def memory_child(location: str, traced: bool) -> dict:
     """``replay list`` in a fresh process: its peak RSS, or the peak of its Python allocations."""
-    done = subprocess.run([sys.executable, __file__, "--child", location] + (["--traced"] if traced else []),
-                          capture_output=True, text=True, timeout=3600)
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", location] + (["--traced"] if traced else []),
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"memory child failed: {done.stderr[-2000:]}")
     return json.loads(done.stdout)
@@ -183,8 +200,11 @@ def child(location: str, traced: bool) -> None:
     if traced:
         tracemalloc.start()
     events, seconds, _ = list_scan(location, jobs=1)  # every row in this one process: the most it holds
-    report = {"events": events, "seconds": seconds,
-              "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    report = {
+        "events": events,
+        "seconds": seconds,
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
     if traced:
         report["traced_peak_mb"] = tracemalloc.get_traced_memory()[1] / 2**20
     print(json.dumps(report))
@@ -207,8 +227,13 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
     turns_small = max(1, turns_large // args.growth)
     tag = uuid.uuid4().hex[:6]
     namespaces = {"small": f"replay-scan-{tag}-small", "large": f"replay-scan-{tag}-large"}
-    report: dict = {"rollouts": args.rollouts, "partitions": PARTITIONS, "prompt_delta_tokens": args.prompt_delta,
-                    "output_tokens": args.output, "journals": {}}
+    report: dict = {
+        "rollouts": args.rollouts,
+        "partitions": PARTITIONS,
+        "prompt_delta_tokens": args.prompt_delta,
+        "output_tokens": args.output,
+        "journals": {},
+    }
     try:
         for size, turns in (("small", turns_small), ("large", turns_large)):
             location = url(bootstrap, namespaces[size])
@@ -227,16 +252,30 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             listed, list_s, list_cpu = list_scan(large)
             serial, serial_s, serial_cpu = list_scan(large, jobs=1)
             if not raw_records == backend_records == listed == serial:
-                raise RuntimeError(f"the raw scan read {raw_records} records, the backend {backend_records}, "
-                                   f"replay list {listed} events ({serial} in one process)")
-            rounds.append({"raw_events_per_s": raw_records / raw_s, "backend_events_per_s": backend_records / backend_s,
-                           "list_events_per_s": listed / list_s, "ratio": raw_s / list_s,
-                           "serial_list_events_per_s": serial / serial_s, "serial_ratio": raw_s / serial_s,
-                           "backend_ratio": raw_s / backend_s, "cpu_ratio": raw_cpu / list_cpu})
-            cpu_rounds.append({"raw_consumer": 1e6 * raw_cpu / raw_records,
-                               "journal_backend_read": 1e6 * backend_cpu / backend_records,
-                               "replay_list": 1e6 * list_cpu / listed,
-                               "replay_list_one_process": 1e6 * serial_cpu / serial})
+                raise RuntimeError(
+                    f"the raw scan read {raw_records} records, the backend {backend_records}, "
+                    f"replay list {listed} events ({serial} in one process)"
+                )
+            rounds.append(
+                {
+                    "raw_events_per_s": raw_records / raw_s,
+                    "backend_events_per_s": backend_records / backend_s,
+                    "list_events_per_s": listed / list_s,
+                    "ratio": raw_s / list_s,
+                    "serial_list_events_per_s": serial / serial_s,
+                    "serial_ratio": raw_s / serial_s,
+                    "backend_ratio": raw_s / backend_s,
+                    "cpu_ratio": raw_cpu / list_cpu,
+                }
+            )
+            cpu_rounds.append(
+                {
+                    "raw_consumer": 1e6 * raw_cpu / raw_records,
+                    "journal_backend_read": 1e6 * backend_cpu / backend_records,
+                    "replay_list": 1e6 * list_cpu / listed,
+                    "replay_list_one_process": 1e6 * serial_cpu / serial,
+                }
+            )
         report["rounds"] = [r | {"cpu_us_per_event": cpu} for r, cpu in zip(rounds, cpu_rounds)]
         for key in rounds[0]:
             report[key] = statistics.median(r[key] for r in rounds)
@@ -252,7 +291,8 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             say(f"memory of replay list over the {size} journal (two child processes)")
             location = url(bootstrap, namespaces[size])
             memory[size] = memory_child(location, traced=False) | {
-                "traced_peak_mb": memory_child(location, traced=True)["traced_peak_mb"]}
+                "traced_peak_mb": memory_child(location, traced=True)["traced_peak_mb"]
+            }
         report["memory"] = memory
         report["memory_growth"] = {
             "events": report["journals"]["large"]["events"] / report["journals"]["small"]["events"],
@@ -293,17 +333,21 @@ def main() -> int:
     else:
         j = report["journals"]
         rounds = ", ".join(f"{r['ratio']:.2f}" for r in report["rounds"])
-        print(f"replay list over {j['large']['events']:,} events ({args.rollouts} rollouts): "
-              f"{report['list_events_per_s']:,.0f} events/s; raw consumer {report['raw_events_per_s']:,.0f}/s; "
-              f"ratio {report['ratio']:.2f} (rounds: {rounds}; {report['scan_jobs']} scan workers, "
-              f"{report['serial_ratio']:.2f} in one process); the backend's undecoded read alone "
-              f"{report['backend_events_per_s']:,.0f}/s ({report['backend_ratio']:.2f}); CPU time ratio "
-              f"{report['cpu_ratio']:.2f} ({report['cpu_us_per_event']['replay_list']:.1f} us an event)")
+        print(
+            f"replay list over {j['large']['events']:,} events ({args.rollouts} rollouts): "
+            f"{report['list_events_per_s']:,.0f} events/s; raw consumer {report['raw_events_per_s']:,.0f}/s; "
+            f"ratio {report['ratio']:.2f} (rounds: {rounds}; {report['scan_jobs']} scan workers, "
+            f"{report['serial_ratio']:.2f} in one process); the backend's undecoded read alone "
+            f"{report['backend_events_per_s']:,.0f}/s ({report['backend_ratio']:.2f}); CPU time ratio "
+            f"{report['cpu_ratio']:.2f} ({report['cpu_us_per_event']['replay_list']:.1f} us an event)"
+        )
         g = report["memory_growth"]
-        print(f"memory, journal grown {g['events']:.1f}x: peak RSS {report['memory']['small']['peak_rss_mb']:.0f} -> "
-              f"{report['memory']['large']['peak_rss_mb']:.0f} MB ({g['peak_rss']:.2f}x), Python peak "
-              f"{report['memory']['small']['traced_peak_mb']:.1f} -> {report['memory']['large']['traced_peak_mb']:.1f} MB "
-              f"({g['traced_peak']:.2f}x)")
+        print(
+            f"memory, journal grown {g['events']:.1f}x: peak RSS {report['memory']['small']['peak_rss_mb']:.0f} -> "
+            f"{report['memory']['large']['peak_rss_mb']:.0f} MB ({g['peak_rss']:.2f}x), Python peak "
+            f"{report['memory']['small']['traced_peak_mb']:.1f} -> {report['memory']['large']['traced_peak_mb']:.1f} MB "
+            f"({g['traced_peak']:.2f}x)"
+        )
     return 0
 
 

@@ -13,7 +13,7 @@
    HTTP, snapshots committed, sessions resumed) while the same kinds of rollouts run.
 
 3. ``results_read_ratio``: trainer-side read throughput of a namespace's results topic
-   (``participants.TrainerFeed``: read_committed, Avro decoding, group assembly and each
+   (``rollout_journal.participants.TrainerFeed``: read_committed, Avro decoding, group assembly and each
    group's padded torch batch, ``PromptGroup.tensors()``) divided by a raw confluent-kafka
    read_committed consumer of the same topic, with the same librdkafka settings, that only
    counts the bytes, in the same run.
@@ -44,10 +44,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import bootstrap_median_interval, median, pauses_taken, percentile, print_report  # noqa: E402
-from participants.config import WorkloadConfig  # noqa: E402
-from participants.resource_protocol import TOKEN_ENV_VAR  # noqa: E402
-from participants.runner import Runner  # noqa: E402
-from participants.workload import build_backend, open_workload_journal  # noqa: E402
+from rollout_journal.participants.remote.protocol import TOKEN_ENV_VAR  # noqa: E402
+from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
+from rollout_journal.participants.workload.run import build_backend, open_workload_journal  # noqa: E402
+from rollout_journal.participants.workload.runner import Runner  # noqa: E402
 
 ENVIRONMENTS = ("workplace", "counter")
 
@@ -64,9 +64,21 @@ def resource_servers(environments: tuple[str, ...]) -> Iterator[dict[str, str]]:
     urls = {}
     try:
         for name in environments:
-            proc = subprocess.Popen([sys.executable, "-m", "replay.cli", "serve-resources", "--environment", name,
-                                     "--port", "0"], cwd=ROOT, stdout=subprocess.PIPE,
-                                    env=os.environ | {"PYTHONPATH": str(ROOT)})
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "rollout_journal.replay.cli.main",
+                    "serve-resources",
+                    "--environment",
+                    name,
+                    "--port",
+                    "0",
+                ],
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                env=os.environ | {"PYTHONPATH": str(ROOT)},
+            )
             procs.append(proc)
             line = proc.stdout.readline().decode().split() if proc.stdout else []
             if len(line) < 4 or line[0] != "serving":
@@ -87,9 +99,17 @@ def resource_servers(environments: tuple[str, ...]) -> Iterator[dict[str, str]]:
 
 
 def workload(tmp: Path, name: str, args: argparse.Namespace, **overrides) -> WorkloadConfig:
-    base = {"name": name, "groups": args.groups, "siblings": args.siblings, "max_turns": args.turns,
-            "environment": ",".join(ENVIRONMENTS), "seed": 1, "allow_early_submit": False,
-            "journal": str(tmp / name), "concurrency": args.groups * args.siblings}
+    base = {
+        "name": name,
+        "groups": args.groups,
+        "siblings": args.siblings,
+        "max_turns": args.turns,
+        "environment": ",".join(ENVIRONMENTS),
+        "seed": 1,
+        "allow_early_submit": False,
+        "journal": str(tmp / name),
+        "concurrency": args.groups * args.siblings,
+    }
     return WorkloadConfig(**(base | overrides))
 
 
@@ -109,6 +129,7 @@ def run_once(config: WorkloadConfig, backend) -> tuple[Runner, float]:
 def http_vs_inprocess(args: argparse.Namespace, tmp: Path) -> dict:
     backend = build_backend(WorkloadConfig())
     with resource_servers(ENVIRONMENTS) as urls:
+
         def one(name: str, http: bool) -> float:
             config = workload(tmp, name, args, resource_servers=urls if http else {})
             return run_once(config, backend)[1]
@@ -120,8 +141,10 @@ def http_vs_inprocess(args: argparse.Namespace, tmp: Path) -> dict:
             order = (False, True) if round_ % 2 == 0 else (True, False)
             result = {http: one(f"tp{round_}-{'http' if http else 'local'}", http) for http in order}
             pairs.append((result[True], result[False]))
-            log(f"  round {round_ + 1}/{args.rounds}: HTTP {result[True]:.1f} turns/s, "
-                f"in process {result[False]:.1f} turns/s")
+            log(
+                f"  round {round_ + 1}/{args.rounds}: HTTP {result[True]:.1f} turns/s, "
+                f"in process {result[False]:.1f} turns/s"
+            )
     ratios = [http / local for http, local in pairs]
     low, high = bootstrap_median_interval(ratios)
     return {
@@ -141,15 +164,27 @@ def checkpoint_pauses(args: argparse.Namespace, tmp: Path) -> dict:
     skipped = 0
     with resource_servers(ENVIRONMENTS) as urls:
         for round_ in range(max(1, args.rounds // 2)):
-            config = workload(tmp, f"pause{round_}", args, resource_servers=urls, checkpoint_mode="coordinated",
-                              coordinated_every_s=0.05, turn_delay_ms=5.0, max_turns=max(args.turns, 12))
+            config = workload(
+                tmp,
+                f"pause{round_}",
+                args,
+                resource_servers=urls,
+                checkpoint_mode="coordinated",
+                coordinated_every_s=0.05,
+                turn_delay_ms=5.0,
+                max_turns=max(args.turns, 12),
+            )
             runner, _ = run_once(config, backend)
             round_pauses, round_skipped = pauses_taken(runner)
             pauses += round_pauses
             skipped += round_skipped
-    return {"pause_p50_ms": round(percentile(pauses, 50), 2), "pause_p99_ms": round(percentile(pauses, 99), 2),
-            "pause_checkpoints": len(pauses), "pause_rollouts_skipped": skipped,
-            "pause_rollouts": args.groups * args.siblings}
+    return {
+        "pause_p50_ms": round(percentile(pauses, 50), 2),
+        "pause_p99_ms": round(percentile(pauses, 99), 2),
+        "pause_checkpoints": len(pauses),
+        "pause_rollouts_skipped": skipped,
+        "pause_rollouts": args.groups * args.siblings,
+    }
 
 
 # -- 3. the trainer's reads of the results topic vs a raw consumer --------------------------------
@@ -158,10 +193,10 @@ def _publish_results(location: str, records: int, tokens: int, group_size: int) 
     together); the bytes published."""
     import numpy as np
 
-    from journal.backend import OutRecord, Stream
-    from journal.codec import Codec
-    from journal.events import FenceEntry, Header, TokenSegment, TrainingRecord
-    from journal.open import open_backend
+    from rollout_journal.journal.backend import OutRecord, Stream
+    from rollout_journal.journal.codec import Codec
+    from rollout_journal.journal.events import FenceEntry, Header, TokenSegment, TrainingRecord
+    from rollout_journal.journal.open import open_backend
 
     codec, rng, total = Codec(), np.random.default_rng(0), 0
     backend = open_backend(location, writer="bench-results")
@@ -173,11 +208,19 @@ def _publish_results(location: str, records: int, tokens: int, group_size: int) 
             mask = np.zeros(tokens, dtype=bool)
             mask[half:] = True
             record = TrainingRecord(
-                Header(rollout, group, 1, 1, 7, 40, Header.now_ms(), "bench"), group_size, float(rng.random()), True,
-                rng.integers(0, 50_000, tokens, dtype=np.int32), np.where(mask, -rng.random(tokens), 0).astype("<f4"),
-                mask, [TokenSegment(0, half, False, 1, 0, f"{rollout}/c0", "p0"),
-                       TokenSegment(half, tokens, True, 1, 0, f"{rollout}/c0", "p0")],
-                [FenceEntry(1, 1, 0, "bench", 0)])
+                Header(rollout, group, 1, 1, 7, 40, Header.now_ms(), "bench"),
+                group_size,
+                float(rng.random()),
+                True,
+                rng.integers(0, 50_000, tokens, dtype=np.int32),
+                np.where(mask, -rng.random(tokens), 0).astype("<f4"),
+                mask,
+                [
+                    TokenSegment(0, half, False, 1, 0, f"{rollout}/c0", "p0"),
+                    TokenSegment(half, tokens, True, 1, 0, f"{rollout}/c0", "p0"),
+                ],
+                [FenceEntry(1, 1, 0, "bench", 0)],
+            )
             value = codec.encode(record)
             total += len(value)
             batch.append(OutRecord(Stream.RESULTS, rollout, value, rollout))
@@ -191,7 +234,7 @@ def _publish_results(location: str, records: int, tokens: int, group_size: int) 
 
 
 def _by_partition(batch: list, partitions: int) -> dict[int, list]:
-    from journal.backend import partition_for
+    from rollout_journal.journal.backend import partition_for
 
     out: dict[int, list] = {}
     for record in batch:
@@ -205,8 +248,8 @@ def _read_raw(location: str, records: int) -> float:
     the feed adds, not what a default config loses."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
-    from journal.kafka_config import KafkaSettings
-    from journal.kafka_readers import ReaderPool
+    from rollout_journal.journal.kafka.config import KafkaSettings
+    from rollout_journal.journal.kafka.readers import ReaderPool
 
     settings = KafkaSettings.from_url(location)
     config = ReaderPool(settings).consumer_config()
@@ -227,8 +270,8 @@ def _read_raw(location: str, records: int) -> float:
 
 def _read_feed(location: str, groups: int, tensors: bool) -> float:
     """Seconds for a TrainerFeed to hand on every group (and, with ``tensors``, build its batch)."""
-    from journal.open import open_backend
-    from participants.trainer import TrainerFeed
+    from rollout_journal.journal.open import open_backend
+    from rollout_journal.participants.trainer import TrainerFeed
 
     backend = open_backend(location, read_only=True)
     started = time.perf_counter()
@@ -253,15 +296,19 @@ def results_reads(args: argparse.Namespace, tmp: Path) -> dict:
         _read_raw(location, records)  # warm-up: page cache, connections
         rows = []
         for round_ in range(args.rounds):
-            readers = [("raw", lambda: _read_raw(location, records)),
-                       ("feed", lambda: _read_feed(location, records // group_size, True)),
-                       ("feed_no_tensors", lambda: _read_feed(location, records // group_size, False))]
+            readers = [
+                ("raw", lambda: _read_raw(location, records)),
+                ("feed", lambda: _read_feed(location, records // group_size, True)),
+                ("feed_no_tensors", lambda: _read_feed(location, records // group_size, False)),
+            ]
             if round_ % 2:
                 readers.reverse()
             seconds = {name: fn() for name, fn in readers}
             rows.append(seconds)
-            log(f"  round {round_ + 1}/{args.rounds}: raw {records / seconds['raw']:.0f} records/s, feed "
-                f"{records / seconds['feed']:.0f} records/s ({records / seconds['feed_no_tensors']:.0f} without tensors)")
+            log(
+                f"  round {round_ + 1}/{args.rounds}: raw {records / seconds['raw']:.0f} records/s, feed "
+                f"{records / seconds['feed']:.0f} records/s ({records / seconds['feed_no_tensors']:.0f} without tensors)"
+            )
     ratios = [r["raw"] / r["feed"] for r in rows]
     low, high = bootstrap_median_interval(ratios)
     return {
@@ -270,8 +317,10 @@ def results_reads(args: argparse.Namespace, tmp: Path) -> dict:
         "results_read_ratio_no_tensors": round(median([r["raw"] / r["feed_no_tensors"] for r in rows]), 4),
         "results_records_per_s_raw": round(records / median([r["raw"] for r in rows]), 1),
         "results_records_per_s_feed": round(records / median([r["feed"] for r in rows]), 1),
-        "results_records": records, "results_tokens_per_record": args.results_tokens,
-        "results_mb": round(nbytes / 1e6, 1), "results_rounds": args.rounds,
+        "results_records": records,
+        "results_tokens_per_record": args.results_tokens,
+        "results_mb": round(nbytes / 1e6, 1),
+        "results_rounds": args.rounds,
     }
 
 

@@ -26,14 +26,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import bootstrap_median_interval, median  # noqa: E402
-from journal.anchoring import HeadSigner, HeadVerifier  # noqa: E402
-from journal.codec import Codec  # noqa: E402
-from journal.events import ChainHead, HeadCheckpoint, Header  # noqa: E402
-from journal.open import open_journal  # noqa: E402
-from participants.config import WorkloadConfig  # noqa: E402
-from participants.environments import make_environment  # noqa: E402
-from participants.runner import Runner  # noqa: E402
-from participants.workload import build_backend, open_workload_journal  # noqa: E402
+from rollout_journal.journal.anchoring import HeadSigner, HeadVerifier  # noqa: E402
+from rollout_journal.journal.codec import Codec  # noqa: E402
+from rollout_journal.journal.events import ChainHead, HeadCheckpoint, Header  # noqa: E402
+from rollout_journal.journal.open import open_journal  # noqa: E402
+from rollout_journal.participants.environments import make_environment  # noqa: E402
+from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
+from rollout_journal.participants.workload.run import build_backend, open_workload_journal  # noqa: E402
+from rollout_journal.participants.workload.runner import Runner  # noqa: E402
 
 
 def log(message: str) -> None:
@@ -65,9 +65,12 @@ def per_checkpoint(repeats: int = 7, loops: int = 2000) -> dict:
         for _ in range(loops):
             verifier.problem(checkpoint)
         verify_us.append((time.perf_counter() - started) / loops * 1e6)
-    return {"resources_per_checkpoint": len(heads), "checkpoint_bytes": len(codec.encode(checkpoint)),
-            "sign_us_per_checkpoint": round(statistics.median(sign_us), 1),
-            "verify_us_per_checkpoint": round(statistics.median(verify_us), 1)}
+    return {
+        "resources_per_checkpoint": len(heads),
+        "checkpoint_bytes": len(codec.encode(checkpoint)),
+        "sign_us_per_checkpoint": round(statistics.median(sign_us), 1),
+        "verify_us_per_checkpoint": round(statistics.median(verify_us), 1),
+    }
 
 
 def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -> dict:
@@ -76,8 +79,14 @@ def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -
     signer = HeadSigner.generate()
 
     def one(name: str, signed: bool) -> tuple[float, float]:
-        config = WorkloadConfig(name=name, groups=groups, siblings=siblings, max_turns=turns, allow_early_submit=False,
-                                journal=str(tmp / f"{name}-{'signed' if signed else 'plain'}"))
+        config = WorkloadConfig(
+            name=name,
+            groups=groups,
+            siblings=siblings,
+            max_turns=turns,
+            allow_early_submit=False,
+            journal=str(tmp / f"{name}-{'signed' if signed else 'plain'}"),
+        )
         with open_workload_journal(config) as journal:
             runner = Runner(config, journal, backend, backend.tokenizer, signer=signer if signed else None)
             gc.collect()
@@ -98,19 +107,25 @@ def throughput(tmp: Path, rounds: int, groups: int, siblings: int, turns: int) -
         order = (False, True) if round_ % 2 == 0 else (True, False)
         result = {signed: one(f"sig{round_}", signed) for signed in order}
         pairs.append((result[True], result[False]))
-        log(f"  round {round_ + 1}/{rounds}: signed {result[True][0]:.1f} turns/s ({result[True][1]:.2f} cpu s), "
-            f"plain {result[False][0]:.1f} turns/s ({result[False][1]:.2f} cpu s)")
+        log(
+            f"  round {round_ + 1}/{rounds}: signed {result[True][0]:.1f} turns/s ({result[True][1]:.2f} cpu s), "
+            f"plain {result[False][0]:.1f} turns/s ({result[False][1]:.2f} cpu s)"
+        )
     overheads = [1 - signed[0] / plain[0] for signed, plain in pairs]
     cpu_overheads = [signed[1] / plain[1] - 1 for signed, plain in pairs]  # steadier on a shared machine
     low, high = bootstrap_median_interval(overheads)
     cpu_low, cpu_high = bootstrap_median_interval(cpu_overheads)
-    return {"turns_per_s_signed": round(median([s[0] for s, _ in pairs]), 1),
-            "turns_per_s_plain": round(median([p[0] for _, p in pairs]), 1),
-            "signing_overhead": round(median(overheads), 4),
-            "signing_overhead_90ci": [round(low, 4), round(high, 4)],
-            "signing_cpu_overhead": round(median(cpu_overheads), 4),
-            "signing_cpu_overhead_90ci": [round(cpu_low, 4), round(cpu_high, 4)],
-            "rounds": rounds, "turns_per_run": total, "checkpoints_per_run": checkpoints}
+    return {
+        "turns_per_s_signed": round(median([s[0] for s, _ in pairs]), 1),
+        "turns_per_s_plain": round(median([p[0] for _, p in pairs]), 1),
+        "signing_overhead": round(median(overheads), 4),
+        "signing_overhead_90ci": [round(low, 4), round(high, 4)],
+        "signing_cpu_overhead": round(median(cpu_overheads), 4),
+        "signing_cpu_overhead_90ci": [round(cpu_low, 4), round(cpu_high, 4)],
+        "rounds": rounds,
+        "turns_per_run": total,
+        "checkpoints_per_run": checkpoints,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -130,13 +145,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(f"signing a checkpoint of {report['resources_per_checkpoint']} chain heads: "
-              f"{report['sign_us_per_checkpoint']} us ({report['sign_share_of_a_turn']:.2%} of a "
-              f"{1000 / report['turns_per_s_plain']:.1f} ms turn); verifying one: {report['verify_us_per_checkpoint']} us; "
-              f"end to end {report['signing_overhead']:.1%} of throughput (90% interval "
-              f"{report['signing_overhead_90ci'][0]:.1%} to {report['signing_overhead_90ci'][1]:.1%}), "
-              f"{report['signing_cpu_overhead']:.1%} of CPU time (90% interval "
-              f"{report['signing_cpu_overhead_90ci'][0]:.1%} to {report['signing_cpu_overhead_90ci'][1]:.1%})")
+        print(
+            f"signing a checkpoint of {report['resources_per_checkpoint']} chain heads: "
+            f"{report['sign_us_per_checkpoint']} us ({report['sign_share_of_a_turn']:.2%} of a "
+            f"{1000 / report['turns_per_s_plain']:.1f} ms turn); verifying one: {report['verify_us_per_checkpoint']} us; "
+            f"end to end {report['signing_overhead']:.1%} of throughput (90% interval "
+            f"{report['signing_overhead_90ci'][0]:.1%} to {report['signing_overhead_90ci'][1]:.1%}), "
+            f"{report['signing_cpu_overhead']:.1%} of CPU time (90% interval "
+            f"{report['signing_cpu_overhead_90ci'][0]:.1%} to {report['signing_cpu_overhead_90ci'][1]:.1%})"
+        )
     return 0
 
 

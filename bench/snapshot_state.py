@@ -33,8 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import median, print_report, turn_events  # noqa: E402
-from journal.events import AttemptStarted, Header  # noqa: E402
-from participants.rollout_state import STATE_MAGIC, RolloutState, _unpacked  # noqa: E402
+from rollout_journal.journal.events import AttemptStarted, Header  # noqa: E402
+from rollout_journal.participants.rollout.state import STATE_MAGIC, RolloutState, _unpacked  # noqa: E402
 
 
 def folded_state(turns: int) -> RolloutState:
@@ -44,15 +44,16 @@ def folded_state(turns: int) -> RolloutState:
     state = RolloutState(rid, "bench-g0")
     state.apply(AttemptStarted(Header(rid, "bench-g0", 1, 1, 0, 0, 0, "bench"), 0, "topology", "new rollout"))
     for turn in range(turns):
-        for event in turn_events(rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64,
-                                 prefix_len=len(state.head_tokens)):
+        for event in turn_events(
+            rid, turn, 1 + 3 * turn, rng, prompt_delta=256, output=64, prefix_len=len(state.head_tokens)
+        ):
             state.apply(event)
     return state
 
 
 def earlier_layout(data: bytes) -> bytes:
     """The same state as the layout before raw arrays wrote it: the arrays base64 inside the JSON."""
-    doc, tokens, logprobs = _unpacked(zlib.decompress(data[len(STATE_MAGIC):]))
+    doc, tokens, logprobs = _unpacked(zlib.decompress(data[len(STATE_MAGIC) :]))
     doc["head_tokens"] = base64.b64encode(tokens).decode()
     if "lineage" in doc:
         doc["logprobs"] = base64.b64encode(logprobs).decode()
@@ -82,10 +83,18 @@ def measure(turns: int, rounds: int, repeat: int) -> dict:
             into.append(per_call_ms(lambda data=data: RolloutState.from_bytes(data), repeat))
         writes.append(per_call_ms(state.to_bytes, repeat))
         speedups.append(earlier_reads[-1] / reads[-1])
-    return {"turns": turns, "head_tokens": len(state.head_tokens), "bytes": len(raw), "earlier_bytes": len(earlier),
-            "size_ratio": round(len(raw) / len(earlier), 3), "to_bytes_ms": round(median(writes), 4),
-            "from_bytes_ms": round(median(reads), 4), "earlier_from_bytes_ms": round(median(earlier_reads), 4),
-            "read_speedup": round(median(speedups), 3), "read_speedup_per_round": [round(s, 3) for s in speedups]}
+    return {
+        "turns": turns,
+        "head_tokens": len(state.head_tokens),
+        "bytes": len(raw),
+        "earlier_bytes": len(earlier),
+        "size_ratio": round(len(raw) / len(earlier), 3),
+        "to_bytes_ms": round(median(writes), 4),
+        "from_bytes_ms": round(median(reads), 4),
+        "earlier_from_bytes_ms": round(median(earlier_reads), 4),
+        "read_speedup": round(median(speedups), 3),
+        "read_speedup_per_round": [round(s, 3) for s in speedups],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
