@@ -7,7 +7,7 @@ process, each SIGKILLed once during the run.
   journaled to Kafka, its resources in a **resource server**; it loads each new policy the
   trainer publishes between model calls (one call per turn here: at turn boundaries), and
   every ``ModelCall`` names the version that sampled it;
-- a **trainer** reads complete groups through ``participants.TrainerFeed``, computes
+- a **trainer** reads complete groups through ``rollout_journal.participants.TrainerFeed``, computes
   group-relative advantages ((r - mean) / std within the group), takes one torch optimizer
   step of a policy-gradient loss over the sampled tokens (the loss mask), saves weights,
   optimizer and feed position together, publishes the new weights as policy ``v<step>``, and
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 if TYPE_CHECKING:  # the roles import what they use when they start: the orchestrator stays light
-    from participants.generation import GenerationRequest, TokenChunk
+    from rollout_journal.participants.model.generation import GenerationRequest, TokenChunk
 
 SIBLINGS, TURNS = 4, 3
 TOKEN_ENV = "ROLLOUT_JOURNAL_RESOURCE_TOKEN"
@@ -58,7 +58,7 @@ class FollowingPolicy:
     resumes_constrained = True
 
     def __init__(self, policies: Path) -> None:
-        from participants.torch_policy import TorchPolicy
+        from rollout_journal.participants.model.torch_backend import TorchPolicy
 
         self._make = TorchPolicy
         self.policies = policies
@@ -71,6 +71,13 @@ class FollowingPolicy:
     @property
     def policy_version(self) -> str:
         return self.inner.policy_version
+
+    @property
+    def logprob_mode(self) -> str:
+        return self.inner.logprob_mode
+
+    def set_policy_version(self, version: str) -> None:
+        self.inner.set_policy_version(version)
 
     def _named(self) -> str:
         return (self.policies / "CURRENT").read_text().strip()
@@ -96,26 +103,41 @@ class FollowingPolicy:
 
 
 def workload_config(url: str, work: Path, groups: int, server: str):
-    from participants.config import ModelConfig, WorkloadConfig
+    from rollout_journal.participants.workload.config import ModelConfig, WorkloadConfig
 
-    return WorkloadConfig(name="grpo", groups=groups, siblings=SIBLINGS, max_turns=TURNS, environment="workplace",
-                          seed=11, allow_early_submit=False, journal=url, writer="grpo-worker",
-                          concurrency=SIBLINGS * 2, resource_servers={"workplace": server},
-                          model=ModelConfig(path=str(work / "policies" / "v0"), max_concurrent_calls=2))
+    return WorkloadConfig(
+        name="grpo",
+        groups=groups,
+        siblings=SIBLINGS,
+        max_turns=TURNS,
+        environment="workplace",
+        seed=11,
+        allow_early_submit=False,
+        journal=url,
+        writer="grpo-worker",
+        concurrency=SIBLINGS * 2,
+        resource_servers={"workplace": server},
+        model=ModelConfig(path=str(work / "policies" / "v0"), max_concurrent_calls=2),
+    )
 
 
 def run_worker(args: argparse.Namespace) -> int:
     import torch
 
-    from participants.runner import Runner
-    from participants.workload import open_workload_journal
+    from rollout_journal.participants.workload.run import open_workload_journal
+    from rollout_journal.participants.workload.runner import Runner
 
     torch.set_num_threads(1)
     config = workload_config(args.url, args.work, args.groups, args.server)
     backend = FollowingPolicy(args.work / "policies")
     with open_workload_journal(config) as journal:
-        runner = Runner(config, journal, backend, backend.tokenizer,
-                        progress=lambda rollout, turn: print(f"turn {rollout} {turn}", flush=True))
+        runner = Runner(
+            config,
+            journal,
+            backend,
+            backend.tokenizer,
+            progress=lambda rollout, turn: print(f"turn {rollout} {turn}", flush=True),
+        )
         report = asyncio.run(runner.run(resume=args.resume))
     if report.failed or report.set_aside:
         print(f"failed {report.failed or report.set_aside}", file=sys.stderr, flush=True)
@@ -162,8 +184,8 @@ def run_trainer(args: argparse.Namespace) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from journal.open import open_backend, open_journal
-    from participants.trainer import FeedPosition, TrainerFeed
+    from rollout_journal.journal.open import open_backend, open_journal
+    from rollout_journal.participants.trainer import FeedPosition, TrainerFeed
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -179,22 +201,31 @@ def run_trainer(args: argparse.Namespace) -> int:
         state = saved["state"]
         publish_policy(model, args.work, len(state["steps"]))  # what the checkpoint's weights are
     position = FeedPosition.from_json(state["position"]) if state["position"] else None
-    acknowledger = open_journal(args.url, writer="grpo-trainer")
-    with TrainerFeed(open_backend(args.url, read_only=True), position, acknowledger=acknowledger,
-                     trainer="grpo-trainer") as feed:
+    acknowledger = open_journal(args.url, writer="grpo-trainer", mode="plain")  # requests go to <ns>.acks
+    with TrainerFeed(
+        open_backend(args.url, read_only=True), position, acknowledger=acknowledger, trainer="grpo-trainer"
+    ) as feed:
         for group in feed.groups(limit=args.groups - len(state["steps"]), idle_timeout_s=600):
             batch = group.tensors()
             loss = grpo_step(model, optimizer, batch)
             versions = sorted({v for per_rollout in batch["policy_versions"] for v in per_rollout})
-            state["steps"].append({"group": group.group_id, "reward": float(batch["rewards"].mean()),
-                                   "loss": loss, "policy_versions": versions})
+            state["steps"].append(
+                {
+                    "group": group.group_id,
+                    "reward": float(batch["rewards"].mean()),
+                    "loss": loss,
+                    "policy_versions": versions,
+                }
+            )
             state["position"] = group.position.to_json()
             tmp = ckpt_path.with_suffix(".tmp")
             torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "state": state}, tmp)
             os.replace(tmp, ckpt_path)  # the step and the groups it consumed, durable together
             name = publish_policy(model, args.work, len(state["steps"]))
-            print(f"step {len(state['steps'])} {group.group_id} reward={state['steps'][-1]['reward']:.3f} "
-                  f"policy={name}", flush=True)
+            print(
+                f"step {len(state['steps'])} {group.group_id} reward={state['steps'][-1]['reward']:.3f} policy={name}",
+                flush=True,
+            )
             for future in feed.acknowledge(group):
                 future.result()
     acknowledger.close()
@@ -210,8 +241,14 @@ class Child:
         self.argv = argv
         self.lines: list[str] = []
         self.stderr = (log_dir / f"{name}.stderr").open("ab")
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     env=os.environ | {"PYTHONPATH": str(ROOT)}, text=True)
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=self.stderr,
+            env=os.environ | {"PYTHONPATH": str(ROOT)},
+            text=True,
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -240,9 +277,20 @@ def kafka() -> Iterator[str]:
         yield bootstrap
 
 
-def wait_until(condition, timeout_s: float, what: str, children: list[Child]) -> None:
-    deadline = time.monotonic() + timeout_s
+def say(line: str) -> None:
+    """Progress on stderr (stdout stays the report): a run takes minutes."""
+    print(f"{time.strftime('%H:%M:%S')} grpo: {line}", file=sys.stderr, flush=True)
+
+
+def wait_until(
+    condition, timeout_s: float, what: str, children: list[Child], status=None, every_s: float = 10.0
+) -> None:
+    started = time.monotonic()
+    deadline, shown = started + timeout_s, started
     while not condition():
+        if status is not None and time.monotonic() - shown >= every_s:
+            shown = time.monotonic()
+            say(f"waiting for {what}: {status()} ({shown - started:.0f} s)")
         for child in children:
             if child.proc.poll() not in (None, 0):
                 raise SystemExit(f"{child.name} exited with {child.proc.returncode} while waiting for {what}")
@@ -252,14 +300,26 @@ def wait_until(condition, timeout_s: float, what: str, children: list[Child]) ->
 
 
 def serve(port: int, log_dir: Path) -> tuple[Child, str]:
-    server = Child("resource-server", [sys.executable, "-m", "replay.cli", "serve-resources", "--environment",
-                                       "workplace", "--port", str(port)], log_dir)
+    server = Child(
+        "resource-server",
+        [
+            sys.executable,
+            "-m",
+            "rollout_journal.replay.cli.main",
+            "serve-resources",
+            "--environment",
+            "workplace",
+            "--port",
+            str(port),
+        ],
+        log_dir,
+    )
     wait_until(lambda: server.count("serving") > 0, 60, "the resource server", [server])
     return server, server.lines[-1].split()[-1]
 
 
 def orchestrate(args: argparse.Namespace) -> dict:
-    from participants.tiny_model import tiny_model_dir
+    from rollout_journal.participants.model.tiny_model import tiny_model_dir
 
     groups = args.groups or (6 if args.small else 24)
     os.environ.setdefault(TOKEN_ENV, os.urandom(16).hex())
@@ -274,7 +334,9 @@ def orchestrate(args: argparse.Namespace) -> dict:
         common = ["--url", url, "--work", str(work), "--groups", str(groups)]
         total_turns = groups * SIBLINGS * TURNS
         kills = {"resource_server": 0, "worker": 0, "trainer": 0}
+        say(f"{groups} groups x {SIBLINGS} siblings x {TURNS} turns on {bootstrap}; logs in {logs}")
         server, server_url = serve(0, logs)
+        say(f"resource server at {server_url}; starting the worker and the trainer")
         port = int(server_url.rsplit(":", 1)[1].split("/")[0])
         worker_argv = [*me, "--role", "worker", *common, "--server", server_url]
         trainer_argv = [*me, "--role", "trainer", *common, "--lr", str(args.lr)]
@@ -284,24 +346,43 @@ def orchestrate(args: argparse.Namespace) -> dict:
         steps = lambda: trainer.count("step") + sum(c.count("step") for c in retired_trainers)  # noqa: E731
         retired_workers: list[Child] = []
         retired_trainers: list[Child] = []
+        progress = lambda: f"{turns()}/{total_turns} turns, {steps()}/{groups} trainer steps"  # noqa: E731
         try:
-            wait_until(lambda: turns() >= total_turns // 5, 600, "a fifth of the turns", [worker, trainer, server])
+            wait_until(
+                lambda: turns() >= total_turns // 5, 600, "a fifth of the turns", [worker, trainer, server], progress
+            )
+            say(f"SIGKILL the resource server ({progress()})")
             server.kill()  # its rollouts bring their resources back from the journal once it is back
             kills["resource_server"] += 1
             server, _ = serve(port, logs)
-            wait_until(lambda: turns() >= total_turns * 2 // 5, 600, "two fifths of the turns",
-                       [worker, trainer, server])
+            wait_until(
+                lambda: turns() >= total_turns * 2 // 5,
+                600,
+                "two fifths of the turns",
+                [worker, trainer, server],
+                progress,
+            )
+            say(f"SIGKILL the worker, then resume it ({progress()})")
             worker.kill()
             kills["worker"] += 1
             retired_workers.append(worker)
             worker = Child("worker", [*worker_argv, "--resume"], logs)
-            wait_until(lambda: steps() >= 2, 600, "two trainer steps", [worker, trainer, server])
+            wait_until(lambda: steps() >= 2, 600, "two trainer steps", [worker, trainer, server], progress)
+            say(f"SIGKILL the trainer, then restart it from its checkpoint ({progress()})")
             trainer.kill()
             kills["trainer"] += 1
             retired_trainers.append(trainer)
             trainer = Child("trainer", trainer_argv, logs)
+            wait_until(
+                lambda: worker.proc.poll() is not None and trainer.proc.poll() is not None,
+                1200,
+                "the worker and the trainer to finish",
+                [worker, trainer],
+                progress,
+            )
+            say(f"done: {progress()}")
             for child, what in ((worker, "worker"), (trainer, "trainer")):
-                if child.wait(1200) != 0:
+                if child.wait(60) != 0:
                     raise SystemExit(f"{what} failed: {(logs / f'{child.name}.stderr').read_text()[-3000:]}")
         finally:
             for child in (worker, trainer, server):
@@ -316,9 +397,13 @@ def orchestrate(args: argparse.Namespace) -> dict:
     versions = sorted({v for s in state["steps"] for v in s["policy_versions"]})
     rewards = [round(s["reward"], 4) for s in state["steps"]]
     report = {
-        "steps": len(state["steps"]), "groups": groups, "groups_trained": len(set(trained) & expected),
-        "groups_lost": len(expected - set(trained)), "groups_trained_twice": len(trained) - len(set(trained)),
-        "kills": kills, "policy_versions_sampled": len(versions),
+        "steps": len(state["steps"]),
+        "groups": groups,
+        "groups_trained": len(set(trained) & expected),
+        "groups_lost": len(expected - set(trained)),
+        "groups_trained_twice": len(trained) - len(set(trained)),
+        "kills": kills,
+        "policy_versions_sampled": len(versions),
         "reward_per_step": rewards,
     }
     if args.plot:
@@ -337,8 +422,8 @@ def plot(rewards: list[float], out: Path, kills: dict) -> None:
     ax.plot(steps, rewards, marker="o", linewidth=1, markersize=3, label="group mean reward")
     window = 4
     if len(rewards) >= window:
-        smooth = [sum(rewards[i - window + 1:i + 1]) / window for i in range(window - 1, len(rewards))]
-        ax.plot(steps[window - 1:], smooth, linewidth=2, label=f"mean of {window} steps")
+        smooth = [sum(rewards[i - window + 1 : i + 1]) / window for i in range(window - 1, len(rewards))]
+        ax.plot(steps[window - 1 :], smooth, linewidth=2, label=f"mean of {window} steps")
     ax.set_xlabel("trainer step (one prompt group each)")
     ax.set_ylabel("reward")
     killed = ", ".join(f"{name.replace('_', ' ')} x{n}" for name, n in kills.items() if n)
