@@ -49,6 +49,7 @@ Producer defaults, measured on the single-node dev broker (2 cores, shared) with
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -63,6 +64,8 @@ ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "ROLLOUT_JOURNAL_KAFKA_"
 ENV_URL = "ROLLOUT_JOURNAL_KAFKA_URL"
 ENV_LIBRDKAFKA_PREFIX = "ROLLOUT_JOURNAL_LIBRDKAFKA_"
+
+_log = logging.getLogger(__name__)
 
 MAX_TOPIC_LEN = 249
 _TOPIC_CHARS = re.compile(r"^[A-Za-z0-9._-]+$")
@@ -288,7 +291,9 @@ class KafkaSettings(BaseModel):
     @classmethod
     def from_url(cls, url: str, *, env: Mapping[str, str] | None = None) -> KafkaSettings:
         """Settings from ``kafka://host:port[,host2:port]/namespace?setting=value&...``, then env overrides."""
-        return cls._build({**_parse_url(url)}, env)
+        values = _parse_url(url)
+        _warn_if_env_redirects(values["bootstrap_servers"], os.environ if env is None else env)
+        return cls._build(values, env)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **defaults: Any) -> KafkaSettings:
@@ -297,6 +302,7 @@ class KafkaSettings(BaseModel):
         values: dict[str, Any] = dict(defaults)
         if source.get(ENV_URL):
             parsed = _parse_url(source[ENV_URL])
+            _warn_if_env_redirects(parsed["bootstrap_servers"], source)
             extra = parsed.pop("librdkafka", {})
             values.update(parsed)
             values["librdkafka"] = {**values.get("librdkafka", {}), **extra}
@@ -362,6 +368,21 @@ def _parse_url(url: str) -> dict[str, Any]:
     if passthrough:
         values["librdkafka"] = passthrough
     return values
+
+
+def _warn_if_env_redirects(named: str, env: Mapping[str, str]) -> None:
+    """Say so when the environment sends a URL's clients to other servers than the URL names.
+
+    The environment wins by design (a deployment points every command at its cluster), but a user
+    who types ``replay list --journal kafka://other:9092/ns`` in a shell that exported
+    ``KAFKA_BOOTSTRAP_SERVERS`` would otherwise read the exported cluster without a word.
+    """
+    for name in (ENV_PREFIX + "BOOTSTRAP_SERVERS", ENV_BOOTSTRAP):  # the order _apply_env gives them
+        chosen = env.get(name)
+        if chosen:
+            if chosen != named:
+                _log.warning("%s=%s overrides the bootstrap servers %s named by the Kafka URL", name, chosen, named)
+            return
 
 
 def _librdkafka_name(env_suffix: str) -> str:

@@ -806,6 +806,17 @@ def test_environment_overrides_the_url() -> None:
         KafkaSettings.from_url("kafka://h:1/ns", env={"ROLLOUT_JOURNAL_KAFKA_PARTITONS": "3"})
 
 
+def test_environment_redirecting_a_url_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="rollout_journal.journal.kafka.config"):
+        KafkaSettings.from_url("kafka://url-host:9092/ns", env={"KAFKA_BOOTSTRAP_SERVERS": "url-host:9092"})
+        assert not caplog.records  # the same servers: nothing to say
+        s = KafkaSettings.from_url("kafka://url-host:9092/ns", env={"KAFKA_BOOTSTRAP_SERVERS": "env-host:9092"})
+    assert s.bootstrap_servers == "env-host:9092"
+    [record] = caplog.records
+    assert "KAFKA_BOOTSTRAP_SERVERS=env-host:9092 overrides" in record.getMessage()
+    assert "url-host:9092" in record.getMessage()
+
+
 def test_settings_from_env_alone() -> None:
     env = {"ROLLOUT_JOURNAL_KAFKA_URL": "kafka://u:1/from-url?partitions=2", "ROLLOUT_JOURNAL_KAFKA_LINGER_MS": "0"}
     s = KafkaSettings.from_env(env, namespace="default-ns", transactional_id="w1", bootstrap_servers="d:1")
