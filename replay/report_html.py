@@ -325,8 +325,9 @@ def add_command(replay_sub: argparse._SubParsersAction[argparse.ArgumentParser],
     add_public_key_argument(p)
 
 
-def run_command(args: argparse.Namespace, source: ReplaySource, progress: Progress) -> ReportResult:
-    catalog = TokenizerCatalog(args.tokenizer)
+def run_command(
+    args: argparse.Namespace, source: ReplaySource, progress: Progress, catalog: TokenizerCatalog
+) -> ReportResult:
     if args.rollout:
         return write_rollout_report(
             source, args.rollout, args.html, public_key=args.public_key, catalog=catalog, progress=progress

@@ -7,7 +7,9 @@ same for every backend that loads the folder. A folder whose own policy version
 equals the call's is therefore proven to hold the tokenizer the call was written
 with. Candidates are the model folders the user hands in (``--tokenizer``) and,
 for the embedded model (``tiny-llama-v<N>-seed<S>@...``), the embedded folder for
-that seed, rebuilt if it is not cached (it is built deterministically). A policy
+that seed where it is cached, else rebuilt by ``build_embedded`` (it is built
+deterministically, with torch: the command line hands in the model room's builder,
+this module never imports it, so replay runs on the core install). A policy
 that no candidate reproduces can only be decoded with a tokenizer the user names,
 and the identity then says it was not verified. Nothing is ever decoded with a
 tokenizer merely assumed to fit.
@@ -16,11 +18,12 @@ tokenizer merely assumed to fit.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rollout_journal.participants.model.tiny_model import BUILDER_VERSION, policy_version_of, tiny_model_dir
+from rollout_journal.participants.model.folders import BUILDER_VERSION, embedded_model_path, policy_version_of
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
 from rollout_journal.replay.errors import TokenizerUnavailableError
 
@@ -67,11 +70,19 @@ class _Candidate:
 class TokenizerCatalog:
     """Resolves policy versions to the tokenizers that wrote their calls (cached per version)."""
 
-    def __init__(self, given: list[str | Path] | None = None, *, builtin: bool = True) -> None:
+    def __init__(
+        self,
+        given: list[str | Path] | None = None,
+        *,
+        builtin: bool = True,
+        build_embedded: Callable[[int], Path] | None = None,
+    ) -> None:
         """``given``: model folders (or a ``tokenizer.json`` inside one); ``builtin``: also
-        consider the embedded model's folders."""
+        consider the embedded model's folders; ``build_embedded``: builds the embedded folder of
+        a seed that is not cached here (without it such a folder is not a candidate)."""
         self._given = [_Candidate(str(path), _folder_of(Path(path))) for path in given or []]
         self._builtin = builtin
+        self._build_embedded = build_embedded
         self._resolved: dict[str, TokenizerIdentity] = {}
 
     def identify(self, policy_version: str) -> TokenizerIdentity:
@@ -85,21 +96,35 @@ class TokenizerCatalog:
 
     def _identify(self, policy_version: str) -> TokenizerIdentity:
         candidates = list(self._given)
+        tried = [c.source for c in candidates]
         embedded = _EMBEDDED.match(policy_version)
         if embedded is not None and self._builtin:
-            candidates.append(_Candidate("embedded", tiny_model_dir(int(embedded.group("seed")))))
+            seed = int(embedded.group("seed"))
+            folder = self._embedded_folder(seed)
+            if folder is None:
+                tried.append(f"embedded (not built at {embedded_model_path(seed)})")
+            else:
+                candidates.append(_Candidate("embedded", folder))
+                tried.append("embedded")
         for candidate in candidates:
             if candidate.version() == policy_version:
                 return TokenizerIdentity(policy_version, candidate.tokenizer(), True, candidate.source)
         if embedded is not None or not self._given:
-            tried = ", ".join(c.source for c in candidates) or "none"
+            tried_text = ", ".join(tried) or "none"
             raise TokenizerUnavailableError(
-                f"policy {policy_version} was not written by any model folder at hand ({tried}): its token ids "
+                f"policy {policy_version} was not written by any model folder at hand ({tried_text}): its token ids "
                 "would decode wrongly. Pass the policy's model folder with --tokenizer, or --no-decode for token "
                 "ids only"
             )
         first = self._given[0]  # a policy no folder reproduces: the one the user named, unverified
         return TokenizerIdentity(policy_version, first.tokenizer(), False, first.source)
+
+    def _embedded_folder(self, seed: int) -> Path | None:
+        """The embedded model's folder for ``seed``: the cached one, else a build, else None."""
+        folder = embedded_model_path(seed)
+        if (folder / "config.json").is_file():
+            return folder
+        return None if self._build_embedded is None else self._build_embedded(seed)
 
 
 def _folder_of(path: Path) -> Path:

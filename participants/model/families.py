@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rollout_journal.participants.model.tiny_model import _weights, llama_config, model_cache_root
+from rollout_journal.participants.model.folders import model_cache_root
+from rollout_journal.participants.model.tiny_model import _weights, llama_config
 from rollout_journal.participants.model.tokenizer import DEFAULT_CORPUS
 
 if TYPE_CHECKING:

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from rollout_journal.journal.events import LOGPROB_PROCESSED, LOGPROB_RAW
+from rollout_journal.participants.model.folders import policy_version_of
 from rollout_journal.participants.model.generation import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -45,7 +46,6 @@ from rollout_journal.participants.model.generation import (
     TokenChunk,
     cache_salt,
 )
-from rollout_journal.participants.model.tiny_model import policy_version_of
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
 
 

@@ -17,14 +17,13 @@ at once both end with the same folder.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from rollout_journal.participants.model.folders import embedded_model_path
 from rollout_journal.participants.model.tokenizer import (
     BOS,
     CHAT_TEMPLATE,
@@ -40,8 +39,6 @@ if TYPE_CHECKING:
 
     from rollout_journal.participants.workload.config import ModelConfig
 
-BUILDER_VERSION = "tiny-llama-v1"  # bump when the folder's content would change
-MODEL_FILES = ("config.json", "model.safetensors", "tokenizer.json", "chat_template.jinja")
 
 # Sizes the note on vLLM's CPU build measured: head size 32 is one vLLM's CPU attention supports.
 HIDDEN, INTERMEDIATE, LAYERS, HEADS, KV_HEADS, MAX_POSITIONS = 128, 256, 2, 4, 2, 2048
@@ -49,14 +46,6 @@ INIT_STD = 0.2  # large enough that the argmax is rarely a near-tie between two 
 # The output head's: logits of std ~1 (hidden states leave the final norm at unit scale), so
 # sampled rollouts of one prompt still differ (0.2 here made nearly every seed pick one action).
 HEAD_STD = 0.08
-
-
-def model_cache_root() -> Path:
-    override = os.environ.get("ROLLOUT_JOURNAL_MODEL_CACHE")
-    if override:
-        return Path(override)
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rollout-journal" / "models"
 
 
 def model_folder(model: ModelConfig) -> Path:
@@ -70,10 +59,10 @@ def model_folder(model: ModelConfig) -> Path:
 
 def tiny_model_dir(weights_seed: int = 0, root: str | Path | None = None) -> Path:
     """The embedded model's folder for ``weights_seed``, built on first use."""
-    cache = Path(root) if root is not None else model_cache_root()
-    folder = cache / f"{BUILDER_VERSION}-seed{weights_seed}"
+    folder = embedded_model_path(weights_seed, root)
     if (folder / "config.json").is_file():
         return folder
+    cache = folder.parent
     cache.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=cache))
     try:
@@ -195,31 +184,3 @@ def _weights(config: dict[str, Any], generator: torch.Generator) -> dict[str, to
     tensors["model.norm.weight"] = torch.ones(h)
     tensors["lm_head.weight"] = matrix(vocab, h, HEAD_STD)
     return tensors
-
-
-def folder_digest(folder: str | Path) -> str:
-    """SHA-256 over a model folder's config, weights, tokenizer and chat template: what
-    ``policy_version`` names, the same for every backend that loads the folder."""
-    path = Path(folder)
-    digest = hashlib.sha256()
-    names = sorted(
-        {p.name for p in path.glob("*.safetensors")}
-        | {p.name for p in path.glob("*.bin")}
-        | {n for n in MODEL_FILES if (path / n).is_file()}
-        | {"tokenizer_config.json"}
-    )
-    for name in names:
-        file = path / name
-        if not file.is_file():
-            continue
-        digest.update(name.encode())
-        with file.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
-
-
-def policy_version_of(folder: str | Path) -> str:
-    """``<folder name>@<12 hex digits of its digest>``."""
-    path = Path(folder)
-    return f"{path.name}@{folder_digest(path)[:12]}"

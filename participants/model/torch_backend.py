@@ -37,6 +37,7 @@ import torch
 
 from rollout_journal.journal.events import LOGPROB_PROCESSED
 from rollout_journal.participants.model.constraints import ConstraintViolation, TokenConstraint
+from rollout_journal.participants.model.folders import policy_version_of
 from rollout_journal.participants.model.generation import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -46,7 +47,6 @@ from rollout_journal.participants.model.generation import (
     TokenChunk,
 )
 from rollout_journal.participants.model.sampling import filter_top_k_top_p
-from rollout_journal.participants.model.tiny_model import policy_version_of
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
 
 if TYPE_CHECKING:

@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from rollout_journal.journal.events import LOGPROB_PROCESSED
+from rollout_journal.participants.model.folders import model_cache_root, policy_version_of
 from rollout_journal.participants.model.generation import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -58,7 +59,6 @@ from rollout_journal.participants.model.generation import (
     TokenChunk,
     cache_salt,
 )
-from rollout_journal.participants.model.tiny_model import model_cache_root, policy_version_of
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
 
 if TYPE_CHECKING:

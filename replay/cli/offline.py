@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rollout_journal.replay.exit_codes import EXIT_JOURNAL_DAMAGED, EXIT_OK
@@ -15,6 +16,7 @@ from rollout_journal.replay.source import ReplaySource
 
 if TYPE_CHECKING:
     from rollout_journal.replay.status import FleetStatus
+    from rollout_journal.replay.tokenizers import TokenizerCatalog
 from rollout_journal.replay.terminal import BarProgress, emit
 
 
@@ -80,11 +82,35 @@ def list_rollouts(args: argparse.Namespace) -> int:
         return emit(list_rollouts(source, where, BarProgress("list"), jobs=args.jobs), as_json=args.json)
 
 
-def show(args: argparse.Namespace) -> int:
-    from rollout_journal.replay.timeline import build_timeline
+def tokenizer_catalog(args: argparse.Namespace) -> TokenizerCatalog:
+    """The ``--tokenizer`` folders, and the embedded model's, rebuilt where this machine lacks one."""
     from rollout_journal.replay.tokenizers import TokenizerCatalog
 
-    catalog = None if args.no_decode else TokenizerCatalog(args.tokenizer)
+    return TokenizerCatalog(args.tokenizer, build_embedded=build_embedded_model)
+
+
+def build_embedded_model(weights_seed: int) -> Path:
+    """The embedded model's folder for ``weights_seed``, built here (deterministically, with torch)
+    to prove which tokenizer wrote a journal made on another machine. The only edge from an
+    offline command into the model room, taken only for such a journal."""
+    try:
+        from rollout_journal.participants.model.tiny_model import tiny_model_dir
+
+        return tiny_model_dir(weights_seed)
+    except ImportError as exc:  # the core install: no torch
+        from rollout_journal.replay.errors import TokenizerUnavailableError
+
+        raise TokenizerUnavailableError(
+            f"decoding the embedded model's token ids needs its folder (seed {weights_seed}), and building it "
+            f"needs {exc.name or 'torch'}: pip install 'rollout-journal[torch]', pass the folder with --tokenizer, "
+            "or --no-decode for token ids only"
+        ) from None
+
+
+def show(args: argparse.Namespace) -> int:
+    from rollout_journal.replay.timeline import build_timeline
+
+    catalog = None if args.no_decode else tokenizer_catalog(args)
     with source_of(args) as source:
         timeline = build_timeline(source, args.rollout, catalog=catalog, turn=args.turn, progress=BarProgress("show"))
     return emit(timeline, as_json=args.json, lines=timeline.text(tokens=args.tokens))
@@ -131,7 +157,8 @@ def report(args: argparse.Namespace) -> int:
     from rollout_journal.replay import report_html
 
     with source_of(args) as source:
-        return emit(report_html.run_command(args, source, BarProgress("report")), as_json=args.json)
+        result = report_html.run_command(args, source, BarProgress("report"), tokenizer_catalog(args))
+        return emit(result, as_json=args.json)
 
 
 def fork(args: argparse.Namespace) -> int:

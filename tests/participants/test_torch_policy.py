@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from rollout_journal.participants.model.constraints import ActionTrie, ConstraintViolation
+from rollout_journal.participants.model.folders import policy_version_of
 from rollout_journal.participants.model.generation import (
     Generation,
     GenerationBackend,
@@ -20,7 +21,7 @@ from rollout_journal.participants.model.generation import (
     SamplingParams,
     generate,
 )
-from rollout_journal.participants.model.tiny_model import default_tokenizer, policy_version_of, tiny_model_dir
+from rollout_journal.participants.model.tiny_model import default_tokenizer, tiny_model_dir
 from rollout_journal.participants.model.tokenizer import ChatTokenizer, train_bpe
 from rollout_journal.participants.model.torch_backend import TorchPolicy
 

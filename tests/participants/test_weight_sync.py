@@ -13,8 +13,9 @@ import pytest
 
 from rollout_journal.journal.events import ModelCall, OutputSegment
 from rollout_journal.journal.open import open_journal
+from rollout_journal.participants.model.folders import policy_version_of
 from rollout_journal.participants.model.generation import GenerationRequest, TokenChunk
-from rollout_journal.participants.model.tiny_model import model_folder, policy_version_of, tiny_model_dir
+from rollout_journal.participants.model.tiny_model import model_folder, tiny_model_dir
 from rollout_journal.participants.model.torch_backend import TorchPolicy
 from rollout_journal.participants.model.training_check import LogprobRecompute, journal_samples
 from rollout_journal.participants.workload.config import ModelConfig, WorkloadConfig

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from rollout_journal.participants.model.tiny_model import default_tokenizer, policy_version_of, tiny_model_dir
+from rollout_journal.participants.model.folders import policy_version_of
+from rollout_journal.participants.model.tiny_model import default_tokenizer, tiny_model_dir
 from tests.support.replay_journals import SyntheticRollout, write_journal
 
 LIVE = [

@@ -684,7 +684,7 @@ def another_model_folder(root: Path) -> Path:
 
 
 def test_show_decodes_with_the_tokenizer_the_policy_was_built_with(tmp_path: Path, capsys) -> None:
-    from rollout_journal.participants.model.tiny_model import policy_version_of
+    from rollout_journal.participants.model.folders import policy_version_of
 
     folder = another_model_folder(tmp_path / "models")
     other = ChatTokenizer.from_folder(folder)
@@ -699,6 +699,35 @@ def test_show_decodes_with_the_tokenizer_the_policy_was_built_with(tmp_path: Pat
     (call,) = doc["turns"][0]["calls"]
     assert call["decoded_output"] == "mail.read(id=3)"
     assert call["tokenizer"]["verified"] and call["tokenizer"]["tokenizer_fingerprint"] == other.fingerprint
+
+
+def test_show_builds_the_embedded_model_this_machine_lacks(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A journal made elsewhere names the embedded model: the library reads only cached folders
+    (it never imports the model room), the command line builds the missing one, and on an install
+    without torch says what to do instead of failing in an import."""
+    import sys
+
+    from rollout_journal.participants.model.folders import policy_version_of
+    from rollout_journal.participants.model.tiny_model import tiny_model_dir
+    from rollout_journal.replay.errors import TokenizerUnavailableError
+    from rollout_journal.replay.tokenizers import TokenizerCatalog
+
+    policy = policy_version_of(tiny_model_dir())
+    one_call_journal(tmp_path / "j", policy, default_tokenizer())
+    monkeypatch.setenv("ROLLOUT_JOURNAL_MODEL_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(TokenizerUnavailableError, match="not built at"):
+        TokenizerCatalog().identify(policy)
+
+    with monkeypatch.context() as no_torch:
+        no_torch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError, as on the core install
+        code, _, err = run_cli(capsys, "replay", "show", "r1", "--journal", str(tmp_path / "j"))
+    assert code == EXIT_INPUT and "rollout-journal[torch]" in err and "--no-decode" in err
+
+    code, doc, _ = run_cli(capsys, "replay", "show", "r1", "--journal", str(tmp_path / "j"), "--json")
+    assert code == 0
+    (call,) = doc["turns"][0]["calls"]
+    assert call["decoded_output"] == "mail.read(id=3)" and call["tokenizer"]["verified"]
+    assert (tmp_path / "empty-cache" / tiny_model_dir().name / "config.json").is_file()
 
 
 def test_show_refuses_a_policy_no_folder_reproduces_unless_told(tmp_path: Path, capsys) -> None:

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from rollout_journal.journal.anchoring import HeadSigner
-from rollout_journal.participants.model.tiny_model import default_tokenizer, policy_version_of, tiny_model_dir
+from rollout_journal.participants.model.folders import policy_version_of
+from rollout_journal.participants.model.tiny_model import default_tokenizer, tiny_model_dir
 from rollout_journal.participants.workload.specs import workload_specs
 from rollout_journal.replay.cli.main import main as cli_main
 from rollout_journal.replay.exit_codes import EXIT_INPUT

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from rollout_journal.journal.events import LOGPROB_PROCESSED, LOGPROB_RAW, LOGPROB_UNKNOWN
+from rollout_journal.participants.model.folders import policy_version_of
 from rollout_journal.participants.model.generation import (
     FINISH_LENGTH,
     FINISH_STOP,
@@ -40,7 +41,6 @@ from rollout_journal.participants.model.generation import (
     TokenChunk,
 )
 from rollout_journal.participants.model.openai_backend import completions_body, generate_body
-from rollout_journal.participants.model.tiny_model import policy_version_of
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
 
 __all__ = [
