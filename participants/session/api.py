@@ -68,6 +68,7 @@ from rollout_journal.participants.resources.records import MutationRecord, genes
 from rollout_journal.participants.rollout.effects import MODEL, TOOL, Effect, model_digest, sampling_json, tool_digest
 from rollout_journal.participants.rollout.mutations import mutation_event
 from rollout_journal.participants.rollout.restore import trusted_restore
+from rollout_journal.participants.rollout.snapshot import snapshot_of
 from rollout_journal.participants.rollout.state import RolloutState, StateFoldError, full_prompt
 from rollout_journal.participants.session.errors import (
     EffectNotDurableError,
@@ -222,11 +223,11 @@ def session_prompt(state: RolloutState, prompt_ids: np.ndarray) -> Prompt:
 
 def snapshot_draft(state: RolloutState, writer: str) -> SnapshotDraft:
     """A snapshot of ``state`` covering every event applied to it (no resource exports: a session's
-    resources live behind their own servers, their calls in the journal)."""
+    resources live behind their own servers, their calls in the journal), by the aggregate's one
+    rule, as the agent's are: a given-up rollout's last snapshot is final too."""
+    draft = snapshot_of(state, {}, writer)
     state.record_exports({})
-    return SnapshotDraft(
-        state.header(writer), "finished" if state.finished else "running", state.next_seq - 1, state.to_bytes()
-    )
+    return draft
 
 
 class RolloutSession:

@@ -366,6 +366,8 @@ def test_a_rollout_given_up_through_its_session_never_pins_the_trainer(tmp_path:
     assert record is not None and record.status == "given_up" and record.group_policy == "drop" and again is None
     with pytest.raises(Exception, match="is finished"):
         asyncio.run(lost.model_call(ModelRequest(prompt(1), GREEDY)))
+    # its last snapshot is final, as the agent's are: restore reads no event after it
+    assert journal.snapshots().snapshots["r1"].snapshot.status == "given_up"
     journal.close()
     with TrainerFeed(open_backend(str(tmp_path / "j"), read_only=True)) as feed:
         assert list(feed.groups(idle_timeout_s=1, poll_s=0.2)) == []
