@@ -63,6 +63,7 @@ from rollout_journal.journal.errors import (
 )
 from rollout_journal.journal.kafka.access import GROUP, TOPIC, refusal, wait_until_authenticated
 from rollout_journal.journal.kafka.clients import (
+    CLOSE_BOUND_S,
     admin_config,
     base_config,
     close_client,
@@ -194,11 +195,29 @@ class WorkerGroup:
         self._thread = threading.Thread(target=self._run, name="worker-group", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Leave the group: the owned partitions are revoked (``on_revoked`` runs) and handed on."""
+    def close(self, bound_s: float | None = None) -> None:
+        """Leave the group: the owned partitions are revoked (``on_revoked`` runs) and handed on.
+
+        Waits ``bound_s`` at most (default: the group's session timeout plus the client close
+        bound). librdkafka's ``Consumer.close()`` has no timeout of its own, and with the group
+        coordinator's broker away it can wait for good; a stopping worker must still exit. Past
+        the bound the leave goes on in the background, and the group hands the partitions on when
+        the member's session times out, as after a crash: fencing keeps that safe."""
         self._stop.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return
+        if bound_s is None:
+            bound_s = self.settings.group_session_timeout_ms / 1000 + CLOSE_BOUND_S
+        thread.join(bound_s)
+        if thread.is_alive():
+            log.warning(
+                "worker %s: leaving consumer group %s took over %.0f s; going on without waiting (the group "
+                "hands its partitions on when its session times out)",
+                self.name,
+                self.settings.group_id,
+                bound_s,
+            )
 
     def _run(self) -> None:
         consumer = self._consumer

@@ -93,6 +93,32 @@ def member(settings: KafkaSettings) -> Iterator[Member]:
     m.close()
 
 
+def test_leaving_the_group_is_bounded_when_the_leave_hangs(
+    settings: KafkaSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """librdkafka's Consumer.close() has no timeout: a leave that hangs (here the revoke callback
+    it runs, standing in for a coordinator that never answers) must not hold a stopping worker."""
+    assigned, release = threading.Event(), threading.Event()
+    revoke_done = threading.Event()
+
+    def hang(partitions: list[int]) -> None:
+        release.wait(120)
+        revoke_done.set()
+
+    KafkaBackend(settings, transactional=False).close()  # creates the namespace's topics the group subscribes to
+    group = WorkerGroup(settings, "hangs", on_assigned=lambda p: assigned.set(), on_revoked=hang, on_lost=hang)
+    group.start()
+    try:
+        assert assigned.wait(120), "never assigned a partition"
+        with caplog.at_level("WARNING", logger="rollout_journal.journal.kafka.group"):
+            group.close(bound_s=1.0)
+        assert not revoke_done.is_set()  # close returned while the leave was still stuck
+        assert any("going on without waiting" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()
+    assert revoke_done.wait(60)  # and the leave finished in the background once it could
+
+
 def test_a_partition_revoked_before_its_batch_commits_fails_alone(member: Member) -> None:
     member.wait_for({0, 1})
     kept, revoked = rollout_on(0), rollout_on(1)
