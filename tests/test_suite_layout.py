@@ -10,17 +10,18 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO_ROOT
+
 SCANNED = ("tests", "bench")
 
 
 def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def python_files() -> list[Path]:
-    return [p for folder in SCANNED for p in sorted((ROOT / folder).rglob("*.py")) if "data" not in p.parts]
+    return [p for folder in SCANNED for p in sorted((REPO_ROOT / folder).rglob("*.py")) if "data" not in p.parts]
 
 
 def imported(code: str, package: str) -> set[str]:
@@ -51,7 +52,7 @@ def test_no_module_imports_a_test_module() -> None:
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for target in imported(path.read_text(encoding="utf-8"), package):
             if is_test_module(target) and target != name:
-                wrong.append(f"{path.relative_to(ROOT)} imports {target}")
+                wrong.append(f"{path.relative_to(REPO_ROOT)} imports {target}")
     assert not wrong, "share it through tests/support/ instead:\n" + "\n".join(sorted(wrong))
 
 

@@ -19,8 +19,9 @@ from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.replay import exit_codes
 from rollout_journal.replay.cli.crash import WorkloadChildError, crash_midway
 from rollout_journal.replay.cli.main import main
+from tests.support.paths import REPO_ROOT
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = REPO_ROOT / "README.md"
 
 
 def readme_table() -> dict[int, tuple[str, list[str]]]:
