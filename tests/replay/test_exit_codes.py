@@ -148,7 +148,7 @@ EXAMPLES: dict[str, Callable[[Path, pytest.MonkeyPatch], int]] = {
     "`kafka user` with no local cluster": kafka_user_without_cluster,
 }
 ELSEWHERE = {  # run by the tests named in the table
-    "a worker of another namespace (`tests/journal/test_kafka_security.py`)",
+    "a worker of another namespace (`tests/journal/kafka/test_security.py`)",
 }
 
 
