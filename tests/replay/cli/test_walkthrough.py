@@ -19,7 +19,7 @@ import pytest
 
 from tests.support.paths import REPO_ROOT
 
-ELSEWHERE = "kafka://"  # the Kafka export needs the demo run on Kafka: test_replay_commands.py exports a namespace
+ELSEWHERE = "kafka://"  # the Kafka export needs the demo run on Kafka: replay/test_commands.py exports a namespace
 
 
 @dataclass
