@@ -69,7 +69,6 @@ from rollout_journal.journal.open import open_journal  # noqa: E402
 from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
 from rollout_journal.participants.workload.specs import workload_specs  # noqa: E402
 from tests.support.fleet_support import (  # noqa: E402
-    REPO,
     audit_journal,
     child_environment,
     every_turn_reported,
@@ -80,6 +79,7 @@ from tests.support.fleet_support import (  # noqa: E402
     workload_done,
     workload_yaml,
 )
+from tests.support.paths import REPO_ROOT  # noqa: E402
 from tests.support.recovery_support import reference_outcomes  # noqa: E402
 
 PARTITIONS = 12
@@ -354,7 +354,7 @@ def races(bootstrap: str, work: Path, rounds: int) -> dict:
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "rollout_journal.replay.cli.main", "resume", str(path), "--writer", writer],
-                    cwd=REPO,
+                    cwd=REPO_ROOT,
                     env=child_environment(),
                     stdout=subprocess.DEVNULL,
                     stderr=(work / f"race{round_}-{writer}.err").open("w"),

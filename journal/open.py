@@ -26,7 +26,7 @@ topics created if missing (``submit``'s registration; Kafka only)."""
 class JournalOptions(TypedDict, total=False):
     """The keyword options of :class:`Journal` (see its ``__init__``, where their defaults and
     meaning live), passed on by ``open_journal``. Restated so callers' options are type-checked;
-    tests/journal/test_journal_open.py fails when the two lists differ in a name or a type."""
+    tests/journal/test_open.py fails when the two lists differ in a name or a type."""
 
     linger_ms: float
     max_batch_appends: int

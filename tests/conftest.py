@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -22,16 +21,18 @@ pytest.register_assert_rewrite("tests.support")
 
 pytest_plugins = ["tests.support.kafka_fixtures", "tests.support.vllm_fixtures", "tests.support.gateway_fixtures"]
 
-ROOT = Path(__file__).resolve().parent.parent
 _session_models: str | None = None
 
 
 def pytest_configure(config) -> None:
+    # imported here, not above: tests.support must be registered for assertion rewriting first
+    from tests.support.paths import REPO_ROOT
+
     global _session_models
     if "ROLLOUT_JOURNAL_MODEL_CACHE" not in os.environ:
         _session_models = tempfile.mkdtemp(prefix="rj-test-models-")
         os.environ["ROLLOUT_JOURNAL_MODEL_CACHE"] = _session_models
-    os.environ.setdefault("ROLLOUT_JOURNAL_VLLM_CACHE", str(ROOT / ".cache" / "vllm"))
+    os.environ.setdefault("ROLLOUT_JOURNAL_VLLM_CACHE", str(REPO_ROOT / ".cache" / "vllm"))
     os.environ.setdefault("TMPDIR", tempfile.gettempdir())
 
 

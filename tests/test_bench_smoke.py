@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO_ROOT
 
 
 @pytest.mark.slow
@@ -19,7 +19,7 @@ def test_journal_throughput_reports_its_ratio(kafka_bootstrap: str) -> None:
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "journal_throughput.py"),
+            str(REPO_ROOT / "bench" / "journal_throughput.py"),
             "--json",
             "--rounds",
             "1",
@@ -46,7 +46,7 @@ def test_the_redone_figure_is_what_the_journal_shows_not_a_constant(tmp_path: Pa
     (sandbox) rollouts redo exactly the turns and tokens they had committed, as their
     environment (not the runner) says they must; the others redo none. The benchmark's
     old figure, 0 by construction, fails here."""
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(REPO_ROOT))
     from bench.recovery import crash_trial, redo_config, strategy_totals
     from rollout_journal.participants.workload.runner import workload_specs
 
@@ -81,7 +81,7 @@ def test_the_redone_figure_is_what_the_journal_shows_not_a_constant(tmp_path: Pa
 def test_synthesized_restore_journals_fold(tmp_path: Path) -> None:
     """The restore-time journals hold real rollout states that their events fold onto, so the
     benchmark times the fold, not only the read."""
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(REPO_ROOT))
     from bench.recovery import restore_phases, synthesize
 
     synthesize(tmp_path / "synth", active=20, turns=3, snapshot_every=2, finished_before=10)
@@ -95,7 +95,7 @@ def test_synthesized_restore_journals_fold(tmp_path: Path) -> None:
 def test_restore_growth_separates_history_from_state_size(tmp_path: Path) -> None:
     """History grows the journal 10x around the same states; state grows each active rollout
     8x in turns; both do both. Each is timed against the same base journal."""
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(REPO_ROOT))
     from bench.recovery import growth_section
 
     report = growth_section(tmp_path, active=4, rounds=1)
@@ -113,7 +113,7 @@ def test_restore_growth_separates_history_from_state_size(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_signing_cost_reports_per_checkpoint_and_end_to_end(tmp_path: Path) -> None:
-    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(REPO_ROOT))
     from bench.signing_cost import per_checkpoint, throughput
 
     micro = per_checkpoint(repeats=1, loops=20)
@@ -130,7 +130,7 @@ def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "replay_scan.py"),
+            str(REPO_ROOT / "bench" / "replay_scan.py"),
             "--json",
             "--events",
             "1200",
@@ -168,7 +168,7 @@ def test_services_reports_the_http_ratio_and_the_pauses() -> None:
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "services.py"),
+            str(REPO_ROOT / "bench" / "services.py"),
             "--json",
             "--rounds",
             "1",
@@ -184,7 +184,7 @@ def test_services_reports_the_http_ratio_and_the_pauses() -> None:
         capture_output=True,
         text=True,
         timeout=600,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -202,7 +202,7 @@ def test_prefix_recovery_counts_what_the_resume_generated() -> None:
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "prefix_recovery.py"),
+            str(REPO_ROOT / "bench" / "prefix_recovery.py"),
             "--json",
             "--crashes",
             "1",
@@ -221,7 +221,7 @@ def test_prefix_recovery_counts_what_the_resume_generated() -> None:
         capture_output=True,
         text=True,
         timeout=600,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -256,7 +256,7 @@ def test_services_reports_the_results_read_ratio(kafka_bootstrap: str) -> None:
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "services.py"),
+            str(REPO_ROOT / "bench" / "services.py"),
             "--json",
             "--rounds",
             "1",
@@ -270,7 +270,7 @@ def test_services_reports_the_results_read_ratio(kafka_bootstrap: str) -> None:
         capture_output=True,
         text=True,
         timeout=300,
-        env=os.environ | {"PYTHONPATH": str(ROOT), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        env=os.environ | {"PYTHONPATH": str(REPO_ROOT), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -288,7 +288,7 @@ def test_snapshot_state_reports_both_layouts() -> None:
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "snapshot_state.py"),
+            str(REPO_ROOT / "bench" / "snapshot_state.py"),
             "--json",
             "--turns",
             "2",
@@ -315,7 +315,7 @@ def test_snapshot_state_reports_both_layouts() -> None:
 def test_fleet_reports_its_failover_handoff_and_race_figures(kafka_bootstrap: str) -> None:
     """bench/fleet.py --smoke on the session's broker: every figure is there, the counters are zero."""
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "fleet.py"), "--json", "--smoke", "--bootstrap", kafka_bootstrap],
+        [sys.executable, str(REPO_ROOT / "bench" / "fleet.py"), "--json", "--smoke", "--bootstrap", kafka_bootstrap],
         capture_output=True,
         text=True,
         timeout=1700,
@@ -336,7 +336,7 @@ def test_training_data_reports_every_figure_per_backend() -> None:
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "training_data.py"),
+            str(REPO_ROOT / "bench" / "training_data.py"),
             "--json",
             "--backends",
             "torch-constrained,torch-reasoning",
@@ -362,7 +362,7 @@ def test_training_data_reports_every_figure_per_backend() -> None:
 @pytest.mark.slow
 def test_the_gateway_bench_reports_its_ratio_against_the_fixed_rate_upstream() -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "gateway.py"), "--json", "--quick", "--skip-vllm", "--skip-peer",
+        [sys.executable, str(REPO_ROOT / "bench" / "gateway.py"), "--json", "--quick", "--skip-vllm", "--skip-peer",
          "--skip-drill", "--tokens", "16", "--rate", "0"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -379,7 +379,7 @@ def test_idle_requests_reports_a_rate_per_partition_count_and_their_ratio(kafka_
     done = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "idle_requests.py"),
+            str(REPO_ROOT / "bench" / "idle_requests.py"),
             "--json",
             "--bootstrap",
             kafka_bootstrap,

@@ -7,22 +7,21 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO_ROOT
 
 
 @pytest.mark.slow
 @pytest.mark.kafka
 def test_the_grpo_example_trains_every_group_once_across_three_kills(kafka_bootstrap: str) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "examples" / "grpo" / "run.py"), "--small", "--json"],
+        [sys.executable, str(REPO_ROOT / "examples" / "grpo" / "run.py"), "--small", "--json"],
         capture_output=True,
         text=True,
         timeout=1200,
-        env=os.environ | {"PYTHONPATH": str(ROOT), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
+        env=os.environ | {"PYTHONPATH": str(REPO_ROOT), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout)

@@ -24,7 +24,8 @@ from functools import cache
 from importlib.util import resolve_name
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO_ROOT
+
 NAMESPACE = "rollout_journal"
 FOLDERS = ("schemas", "journal", "participants", "replay", "compose")
 
@@ -92,8 +93,8 @@ def modules() -> dict[str, Path]:
     """Every module of the five packages, by the name it installs as."""
     found: dict[str, Path] = {}
     for folder in FOLDERS:
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(REPO_ROOT).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join((NAMESPACE, *parts))] = path

@@ -33,11 +33,11 @@ from pathlib import Path
 import pytest
 
 from rollout_journal.journal.extras import EXTRAS
+from tests.support.paths import DATA_DIR, REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
-PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+PYPROJECT = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
 FOLDERS = ("schemas", "journal", "participants", "replay", "compose")
-GOLDEN = ROOT / "tests" / "data" / "golden"
+GOLDEN = DATA_DIR / "golden"
 DOCKER_COMPOSE = "docker-compose==1.29.2"  # the last 1.x: the Python one that installs `compose`
 
 
@@ -52,9 +52,9 @@ def folders_on_disk() -> set[str]:
     dotted name it installs as."""
     found = set()
     for folder in FOLDERS:
-        for path in [ROOT / folder, *(ROOT / folder).rglob("*")]:
+        for path in [REPO_ROOT / folder, *(REPO_ROOT / folder).rglob("*")]:
             if path.is_dir() and path.name != "__pycache__":
-                found.add(".".join(("rollout_journal", *path.relative_to(ROOT).parts)))
+                found.add(".".join(("rollout_journal", *path.relative_to(REPO_ROOT).parts)))
     return found
 
 
@@ -72,9 +72,9 @@ def test_the_package_list_is_the_folders_on_disk() -> None:
 def test_every_folder_of_python_modules_is_a_package() -> None:
     """A folder of modules without ``__init__.py`` would be left out of the wheel silently."""
     loose = sorted(
-        str(path.parent.relative_to(ROOT))
+        str(path.parent.relative_to(REPO_ROOT))
         for folder in FOLDERS
-        for path in (ROOT / folder).rglob("*.py")
+        for path in (REPO_ROOT / folder).rglob("*.py")
         if not (path.parent / "__init__.py").is_file()
     )
     assert not loose
@@ -121,9 +121,9 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = work / "source"
     source.mkdir()
     for name in ("pyproject.toml", "README.md"):
-        shutil.copy2(ROOT / name, source / name)
+        shutil.copy2(REPO_ROOT / name, source / name)
     for folder in FOLDERS:
-        shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+        shutil.copytree(REPO_ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
     # setuptools of this environment when it is new enough, else an isolated build (from the index)
     isolation = ["--no-build-isolation"] if setuptools_major() >= 68 else []
     pip("wheel", "--no-deps", *isolation, "--quiet", "--wheel-dir", str(work / "dist"), str(source))

@@ -12,7 +12,7 @@ grant one namespace and nothing else. Namespaces nest by that prefix: a grant on
 also covers a namespace ``team.x``; give tenants sibling names (``team-a``, ``team-b``).
 
 The minimal sets, measured on Kafka 4.3 with ``StandardAuthorizer`` by dropping one ACL at a
-time (``tests/journal/test_kafka_security.py``):
+time (``tests/journal/kafka/test_security.py``):
 
 - worker (``run``, ``resume``, ``submit``, a fleet's ``worker``): topics ``READ``, ``WRITE``,
   ``CREATE`` (only to create the topics on first use), ``DESCRIBE_CONFIGS`` (the settings

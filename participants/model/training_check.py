@@ -14,7 +14,7 @@ do (:class:`RolloutState`):
   temperature, top-k and top-p, renormalized; ``raw``: log_softmax of the logits).
 
 ``bench/training_data.py`` prints these figures per backend, and the property test of
-``tests/participants/test_training_data.py`` asserts them on journals of every backend.
+``tests/participants/model/test_training_data.py`` asserts them on journals of every backend.
 """
 
 from __future__ import annotations

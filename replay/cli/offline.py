@@ -1,7 +1,7 @@
 """The offline commands: ``list``, ``show``, ``state``, ``status``, ``audit``, ``verify``, ``export``,
 ``export-training``, ``fork`` and ``report``. Each opens its journal read-only, calls one library
 function and prints the result (``rollout_journal.replay.terminal.emit``). Nothing here, nor
-anything it imports, runs a rollout: ``tests/replay/test_cli_layers.py`` checks it."""
+anything it imports, runs a rollout: ``tests/replay/cli/test_layers.py`` checks it."""
 
 from __future__ import annotations
 

@@ -25,9 +25,9 @@ from rollout_journal.compose.errors import LocalBrokerError
 from rollout_journal.compose.local_broker import BrokerStartError, LocalKafkaCluster, free_ports, start_local_cluster
 from rollout_journal.replay.cli.main import main as cli_main
 from rollout_journal.replay.exit_codes import EXIT_JOURNAL_FAILED
+from tests.support.paths import REPO_ROOT
 
 CLIENT_LOG = logging.getLogger("tests.kafka.client")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 # --------------------------------------------------------------------------- helpers

@@ -6,13 +6,13 @@ here fails this test."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import yaml
 
 from rollout_journal.participants.workload.config import ModelConfig, WorkloadConfig
+from tests.support.paths import REPO_ROOT
 
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
+DEMO = REPO_ROOT / "examples" / "demo.yaml"
 LINE = re.compile(r"^(?P<indent> *)(?P<off>#\s*)?(?P<key>[a-z_]+):(?P<value>[^#]*?)\s*(?:#\s*(?P<doc>.+))?$")
 
 

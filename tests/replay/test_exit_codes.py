@@ -19,8 +19,9 @@ from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.replay import exit_codes
 from rollout_journal.replay.cli.crash import WorkloadChildError, crash_midway
 from rollout_journal.replay.cli.main import main
+from tests.support.paths import REPO_ROOT
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = REPO_ROOT / "README.md"
 
 
 def readme_table() -> dict[int, tuple[str, list[str]]]:
@@ -147,7 +148,7 @@ EXAMPLES: dict[str, Callable[[Path, pytest.MonkeyPatch], int]] = {
     "`kafka user` with no local cluster": kafka_user_without_cluster,
 }
 ELSEWHERE = {  # run by the tests named in the table
-    "a worker of another namespace (`tests/journal/test_kafka_security.py`)",
+    "a worker of another namespace (`tests/journal/kafka/test_security.py`)",
 }
 
 

@@ -34,10 +34,10 @@ from rollout_journal.replay.listing import list_rollouts
 from rollout_journal.replay.partition_scan import PartitionScan, ScanWorkerError, jobs_for
 from rollout_journal.replay.progress import Progress
 from rollout_journal.replay.source import ReplaySource, open_replay
+from tests.support.paths import REPO_ROOT
 from tests.support.processes import children_of
 
 HERE = RecordLocation("ns.events", 1, 42)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
@@ -245,7 +245,9 @@ def test_workers_end_with_the_process_that_started_them(tmp_path: Path, how: sig
         "        PartitionScan(source, sleep_and_note_pid, 2, {0: 1, 1: 1}).run()\n"
     )
     caller = subprocess.Popen(
-        [sys.executable, "-c", script], cwd=ROOT, env=os.environ | {"PS_PID_DIR": str(pids), "PYTHONPATH": str(ROOT)}
+        [sys.executable, "-c", script],
+        cwd=REPO_ROOT,
+        env=os.environ | {"PS_PID_DIR": str(pids), "PYTHONPATH": str(REPO_ROOT)},
     )
     try:
         deadline = time.monotonic() + 60
@@ -288,8 +290,8 @@ def test_every_worker_starts_with_ctrl_c_held(tmp_path: Path) -> None:
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
-        cwd=ROOT,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        cwd=REPO_ROOT,
+        env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},
         capture_output=True,
         text=True,
         timeout=120,
@@ -316,8 +318,8 @@ def test_ctrl_c_while_workers_start_is_one_line_and_ends_them(kafka_bootstrap: s
             "--jobs",
             "2",
         ],
-        cwd=ROOT,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        cwd=REPO_ROOT,
+        env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -48,9 +48,10 @@ from rollout_journal.journal import (
 from rollout_journal.journal.kafka.backend import KafkaBackend
 from rollout_journal.journal.kafka.config import KafkaSettings
 from tests.support.journal_conformance import header, model_call, started, turn_done
+from tests.support.paths import TESTS_DIR
 from tests.support.schema_samples import SAMPLES
 
-JAVA_DIR = Path(__file__).resolve().parents[1] / "java"
+JAVA_DIR = TESTS_DIR / "java"
 POM = JAVA_DIR / "pom.xml"
 SOURCE = JAVA_DIR / "AvroPeer.java"
 EVERY_RECORD_TYPE = {

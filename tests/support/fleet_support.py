@@ -29,15 +29,14 @@ from rollout_journal.journal.restore import load_rollouts
 from rollout_journal.participants.rollout.state import restore_state
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.specs import workload_specs
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO_ROOT
 
 
 def child_environment() -> dict[str, str]:
     """The test's environment for a child, without KAFKA_BOOTSTRAP_SERVERS (it would replace the
     servers a URL names: a worker of a 3-broker cluster would join the session's broker)."""
     env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     return env
 
 
@@ -125,7 +124,7 @@ def start_worker(url: str, name: str, log_dir: Path, *extra: str, progress_lines
             "--json",
             *extra,
         ],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         env=child_environment(),
         stdout=subprocess.PIPE,
         stderr=err,
@@ -140,7 +139,7 @@ def start_worker(url: str, name: str, log_dir: Path, *extra: str, progress_lines
 def submit(url: str, config_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "rollout_journal.replay.cli.main", "submit", str(config_path), "--journal", url],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         env=child_environment(),
         capture_output=True,
         text=True,

@@ -28,7 +28,6 @@ import shutil
 import sys
 import uuid
 from collections.abc import Collection, Iterator
-from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -45,8 +44,9 @@ from rollout_journal.participants.rollout.state import RolloutState, restore_sta
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.run import build_backend, open_workload_journal
 from rollout_journal.participants.workload.runner import Runner, workload_specs
+from tests.support.paths import DATA_DIR
 
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden"
+GOLDEN = DATA_DIR / "golden"
 VERIFY_KEY = GOLDEN / "verify-key.pem"  # the signing half is thrown away once the journals are written
 
 

@@ -1,6 +1,6 @@
 """The journal conformance suite on a Kafka broker: the backend fixture, for every broker the
-suite runs it on (the session's broker in tests/journal/test_conformance_kafka.py, a
-testcontainers broker in tests/compose/test_docker_path.py, which override ``kafka_bootstrap``)."""
+suite runs it on (the session's broker in tests/journal/kafka/test_conformance.py, a
+testcontainers broker in tests/compose/broker/test_docker_path.py, which override ``kafka_bootstrap``)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The leader-kill drill: a transactional writer keeps committing while a partition leader of a
 real 3-broker cluster is SIGKILLed and restarted (the jar launcher's cluster in
-tests/journal/test_kafka_faults.py, the compose file's in tests/compose/test_docker_path.py).
+tests/journal/kafka/test_faults.py, the compose file's in tests/compose/broker/test_docker_path.py).
 
 What must hold afterwards: every batch whose ``commit`` returned is readable in
 full; no batch is partly visible; no record appears twice, even for a batch that
@@ -113,7 +113,7 @@ def writer(settings: KafkaSettings, stop: threading.Event, out: WriterLog) -> No
 
 def leader_kill_drill(cluster) -> None:
     """The drill on any 3-broker cluster with ``bootstrap_servers``, ``partition_leader``,
-    ``kill_node`` and ``restart_node`` (the jar launcher's, or compose's in tests/compose/test_docker_path.py)."""
+    ``kill_node`` and ``restart_node`` (the jar launcher's, or compose's in tests/compose/broker/test_docker_path.py)."""
     settings = KafkaSettings(
         bootstrap_servers=cluster.bootstrap_servers,
         namespace="faults",

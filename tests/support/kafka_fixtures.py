@@ -11,7 +11,7 @@
 ``container`` insists on it (no fallback); ``auto``, the default, is the order above.
 CI pins ``jars``: both run the same broker jars in one JVM, so a container makes the
 suite no faster, while it would make every Kafka test depend on the engine CI just
-started. The Docker path has tests of its own instead (``tests/compose/test_docker_path.py``),
+started. The Docker path has tests of its own instead (``tests/compose/broker/test_docker_path.py``),
 which call :func:`require_docker_path`: they skip where Docker is missing, and fail
 where ``ROLLOUT_JOURNAL_EXPECT_DOCKER`` says it should be there (CI).
 

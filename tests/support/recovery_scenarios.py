@@ -1,6 +1,6 @@
 """The recovery scenarios, as plain functions of a journal location and a model: the torch
-policy runs them in tests/participants/test_recovery.py (on the file journal and on Kafka),
-vLLM in process and over its server in tests/participants/test_vllm.py."""
+policy runs them in tests/participants/workload/test_recovery.py (on the file journal and on Kafka),
+vLLM in process and over its server in tests/participants/model/test_vllm.py."""
 
 from __future__ import annotations
 

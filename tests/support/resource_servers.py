@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO_ROOT
+
 TOKEN = "test-token-7f3a9c1e5b2d"  # what these tests' servers and workers share
 
 
@@ -27,7 +28,7 @@ class ServerProcess:
         self.environment = environment
         self.port = 0  # known once started
         self.faults = faults
-        self.pythonpath = [ROOT, *(pythonpath or [])]
+        self.pythonpath = [REPO_ROOT, *(pythonpath or [])]
         self.proc: subprocess.Popen[bytes] | None = None
         self.kills = 0
         self.log = tempfile.NamedTemporaryFile(prefix=f"resource-server-{environment}-", suffix=".log")  # its stderr
@@ -54,7 +55,7 @@ class ServerProcess:
             "PYTHONPATH": os.pathsep.join(str(p) for p in self.pythonpath),
         }
         # stderr to a file: a pipe nobody reads would block a server that logs much
-        self.proc = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log)
+        self.proc = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=self.log)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline().decode()  # "serving ENV at URL" once it listens
         if not line.startswith("serving"):

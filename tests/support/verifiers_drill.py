@@ -16,18 +16,18 @@ from typing import Any
 
 from rollout_journal.journal import ModelCall, TrainingRecord, open_journal
 from rollout_journal.participants.remote.gateway import GatewayServer
+from tests.support.paths import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv-verifiers"
-JOB = ROOT / "examples" / "verifiers_gateway" / "run.py"
+VENV = REPO_ROOT / ".venv-verifiers"
+JOB = REPO_ROOT / "examples" / "verifiers_gateway" / "run.py"
 JOB_TIMEOUT_S = 1800.0  # verifiers imports for a minute or two on a loaded 2-core machine
 
 
 def verifiers_python() -> Path:
     """verifiers' venv (built from PyPI by ``make venv-verifiers`` when missing) and the namespace."""
     if not (VENV / ".stamp").exists():
-        subprocess.run(["make", "-C", str(ROOT), "venv-verifiers"], check=True)
-    subprocess.run(["make", "-s", "-C", str(ROOT), "namespace"], check=True)
+        subprocess.run(["make", "-C", str(REPO_ROOT), "venv-verifiers"], check=True)
+    subprocess.run(["make", "-s", "-C", str(REPO_ROOT), "namespace"], check=True)
     return VENV / "bin" / "python"
 
 

@@ -31,10 +31,9 @@ from rollout_journal.replay.listing import list_rollouts
 from rollout_journal.replay.source import open_replay
 from rollout_journal.replay.training import training_records
 from tests.support.failures import run_killing
+from tests.support.paths import REPO_ROOT
 from tests.support.recovery_support import run_child_and_kill
 from tests.support.trainer_child import digest
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def workload(location: str, **overrides) -> WorkloadConfig:
@@ -307,8 +306,8 @@ def _trainer(
         args += ["--kill", kill, "--at", str(at)]
     if log:
         args += ["--log", str(log)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(args, cwd=ROOT, env=env)
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(args, cwd=REPO_ROOT, env=env)
 
 
 @pytest.mark.slow

@@ -17,9 +17,10 @@ import pytest
 from rollout_journal.journal import MissingExtraError, RolloutJournalError
 from rollout_journal.journal.extras import missing_extra
 from rollout_journal.replay.exit_codes import EXIT_OTHER, exit_code_for
+from tests.support.paths import DATA_DIR, REPO_ROOT
 
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "file-journal"
-DEMO = Path(__file__).resolve().parents[2] / "examples" / "demo.yaml"
+GOLDEN = DATA_DIR / "golden" / "file-journal"
+DEMO = REPO_ROOT / "examples" / "demo.yaml"
 
 
 def without(modules: list[str], argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -32,10 +32,10 @@ from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.kafka.group import WorkerGroup
 from rollout_journal.journal.kafka.writer import MemberWriter
 from tests.support.journal_conformance import started, turn_done
+from tests.support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[2]
 PARTITIONS = 2
 
 
@@ -176,7 +176,7 @@ def test_a_transaction_past_its_timeout_heals_and_the_partition_stays_owned(
 
 def start_child(bootstrap: str, namespace: str, name: str, log_dir: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"}
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
+    env["PYTHONPATH"] = f"{REPO_ROOT}{os.pathsep}{env.get('PYTHONPATH', '')}"
     return subprocess.Popen(
         [
             sys.executable,
@@ -188,7 +188,7 @@ def start_child(bootstrap: str, namespace: str, name: str, log_dir: Path) -> sub
             "--partitions",
             str(PARTITIONS),
         ],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         env=env,
         stdout=(log_dir / f"{name}.out").open("w"),
         stderr=(log_dir / f"{name}.err").open("w"),

@@ -15,6 +15,7 @@ from rollout_journal.participants.workload.runner import workload_specs
 from rollout_journal.replay.cli.crash import crash_midway
 from rollout_journal.replay.cli.demo import run_demo as run_demo_here
 from rollout_journal.replay.redone import workload_at_crash
+from tests.support.paths import REPO_ROOT
 
 
 def run_demo(*args: str, cwd: Path) -> dict:
@@ -31,7 +32,7 @@ def run_demo(*args: str, cwd: Path) -> dict:
 
 @pytest.mark.slow
 def test_the_demo_throws_away_nothing_on_the_file_journal(tmp_path: Path) -> None:
-    report = run_demo("--journal", str(tmp_path / "journal"), "--seed", "4", cwd=Path(__file__).resolve().parents[2])
+    report = run_demo("--journal", str(tmp_path / "journal"), "--seed", "4", cwd=REPO_ROOT)
     assert report["backend"] == "file"
     assert report["turns_committed_at_crash"] >= report["killed_after_turns"] > 0
     assert report["turns_thrown_away"] == 0 and report["turns_lost"] == 0
@@ -52,7 +53,7 @@ def test_the_demo_throws_away_nothing_on_kafka(kafka_bootstrap: str, kafka_names
         f"kafka://{kafka_bootstrap}/{kafka_namespace}",
         "--seed",
         "5",
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO_ROOT,
     )
     assert report["backend"] == "kafka"
     assert report["turns_committed_at_crash"] >= report["killed_after_turns"] > 0
@@ -144,7 +145,7 @@ def test_a_crash_drill_that_never_fires_says_so_and_is_not_a_crash(tmp_path: Pat
         capture_output=True,
         text=True,
         timeout=300,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO_ROOT,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "--crash-after 100: the workload ended after 4 durable turns, before the crash point" in done.stderr

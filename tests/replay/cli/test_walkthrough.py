@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-ELSEWHERE = "kafka://"  # the Kafka export needs the demo run on Kafka: test_replay_commands.py exports a namespace
+from tests.support.paths import REPO_ROOT
+
+ELSEWHERE = "kafka://"  # the Kafka export needs the demo run on Kafka: replay/test_commands.py exports a namespace
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Step:
 
 
 def walkthrough() -> list[Step]:
-    text = (ROOT / "README.md").read_text()
+    text = (REPO_ROOT / "README.md").read_text()
     section = text[text.index("## Debugging a crashed rollout") :]
     section = section[: section.index("\n## ", 10)]
     steps: list[Step] = []
@@ -49,7 +50,7 @@ def timeless(line: str) -> str:
 
 @pytest.mark.slow
 def test_the_debugging_walkthrough_runs_as_written(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("grpo"))
+    shutil.copytree(REPO_ROOT / "examples", tmp_path / "examples", ignore=shutil.ignore_patterns("grpo"))
     keep = os.environ.get("ROLLOUT_JOURNAL_WALKTHROUGH_OUT")
     env = os.environ | {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
     env.pop("ROLLOUT_JOURNAL_URL", None)

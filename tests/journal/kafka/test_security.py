@@ -39,10 +39,10 @@ from rollout_journal.journal.kafka.retry import Action, Retry, Role, classify
 from rollout_journal.replay.exit_codes import EXIT_INPUT, EXIT_NOT_AUTHORIZED, EXIT_OK
 from rollout_journal.replay.status import fleet_status
 from tests.support.fleet_support import WorkerProcess, wait_for
+from tests.support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
 
-REPO = Path(__file__).resolve().parents[2]
 PROBE_LOG = logging.getLogger("tests.kafka_security.probe")
 WORKLOAD = "name: sec\ngroups: 2\nsiblings: 1\nmax_turns: 2\nenvironment: counter\n"
 CLI_TIMEOUT_S = 240  # a refusal that is never reported (a worker waiting forever) fails the test here
@@ -53,7 +53,7 @@ def clean_environment() -> dict[str, str]:
     env = {
         k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS" and not k.startswith("ROLLOUT_JOURNAL_")
     }
-    env["PYTHONPATH"] = str(REPO)
+    env["PYTHONPATH"] = str(REPO_ROOT)
     return env
 
 

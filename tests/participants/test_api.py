@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from rollout_journal import participants
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO_ROOT
 
 
 def imports_torch(code: str) -> bool:
@@ -21,8 +20,8 @@ def imports_torch(code: str) -> bool:
         [sys.executable, "-c", probe],
         capture_output=True,
         text=True,
-        cwd=REPO,
-        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        cwd=REPO_ROOT,
+        env={"PYTHONPATH": str(REPO_ROOT), "PATH": "/usr/bin:/bin"},
         check=False,
     )
     assert done.returncode == 0, done.stderr
@@ -65,7 +64,7 @@ def modules_loaded_by(code: str) -> set[str]:
     """The project's modules a fresh interpreter holds after running ``code`` (with this
     checkout's import path, so a worktree's own code is what is probed)."""
     probe = f"{code}\nimport sys\nprint(' '.join(m for m in sys.modules if m.startswith('rollout_journal')))"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=False)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO_ROOT, check=False)
     assert done.returncode == 0, done.stderr
     return set(done.stdout.split())
 
@@ -96,8 +95,8 @@ def test_the_tokenizer_does_not_import_the_tiny_model() -> None:
     """The tiny model is built from the tokenizer module (and holds the default tokenizer), never
     the other way round: no import cycle, not even one deferred into a function."""
     assert "rollout_journal.participants.model.tiny_model" not in imported_by(
-        REPO / "participants" / "model" / "tokenizer.py"
+        REPO_ROOT / "participants" / "model" / "tokenizer.py"
     )
     assert "rollout_journal.participants.model.tokenizer" in imported_by(
-        REPO / "participants" / "model" / "tiny_model.py"
+        REPO_ROOT / "participants" / "model" / "tiny_model.py"
     )

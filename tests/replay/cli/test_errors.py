@@ -14,8 +14,8 @@ import pytest
 from rollout_journal.journal.file.backend import FileBackend
 from rollout_journal.replay.cli.main import build_parser, main
 from rollout_journal.replay.exit_codes import EXIT_INPUT, EXIT_OK, EXIT_USAGE, EXIT_WRITER_TAKEN, exit_code_for
+from tests.support.paths import REPO_ROOT
 
-REPO = Path(__file__).resolve().parents[2]
 SMALL = "name: cli\ngroups: 1\nsiblings: 1\nmax_turns: 1\nenvironment: counter\n"
 
 
@@ -178,7 +178,7 @@ def test_every_error_class_maps_to_a_documented_code() -> None:
 
 def test_the_installed_entry_point_prints_one_line_and_the_code(tmp_path: Path) -> None:
     config = write(tmp_path / "w.yaml", SMALL.replace("counter", "nope"))
-    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"} | {"PYTHONPATH": str(REPO)}
+    env = {k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"} | {"PYTHONPATH": str(REPO_ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "rollout_journal.replay.cli.main", "run", config, "--journal", str(tmp_path / "j")],
         capture_output=True,

@@ -1,6 +1,6 @@
 """The pieces of a secured cluster that need no broker: the ACL set of a namespace, the words of a
 refusal, the exit code, the SASL node config and the salted bootstrap credential. The broker
-side is tests/journal/test_kafka_security.py."""
+side is tests/journal/kafka/test_security.py."""
 
 from __future__ import annotations
 

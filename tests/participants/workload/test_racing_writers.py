@@ -27,7 +27,6 @@ from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.specs import workload_specs
 from rollout_journal.replay.exit_codes import EXIT_INPUT, EXIT_OK, EXIT_WRITER_TAKEN
 from tests.support.fleet_support import (
-    REPO,
     audit_journal,
     child_environment,
     start_worker,
@@ -35,6 +34,7 @@ from tests.support.fleet_support import (
     workload_done,
     workload_yaml,
 )
+from tests.support.paths import REPO_ROOT
 from tests.support.recovery_support import assert_no_mutation_applied_twice, reference_outcomes
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -60,7 +60,7 @@ def race_workload(url: str) -> WorkloadConfig:
 def cli(args: list[str], out_dir: Path, name: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "rollout_journal.replay.cli.main", *args, "--progress-lines"],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         env=child_environment(),
         stdout=(out_dir / f"{name}.out").open("w"),
         stderr=(out_dir / f"{name}.err").open("w"),
@@ -171,7 +171,7 @@ def fleet_round(config: WorkloadConfig, out: Path, *, race_the_start: bool) -> i
             assert "run by a fleet" in line and "w0" in line, line
             done = subprocess.run(  # refused before it wrote anything: the fleet's once submitted
                 [sys.executable, "-m", "rollout_journal.replay.cli.main", "submit", str(path)],
-                cwd=REPO,
+                cwd=REPO_ROOT,
                 env=child_environment(),
                 capture_output=True,
                 text=True,

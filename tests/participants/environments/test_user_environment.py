@@ -25,6 +25,7 @@ from rollout_journal.participants.environments.tool_calls import ToolCallError
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.run import run_workload
 from rollout_journal.participants.workload.runner import workload_specs
+from tests.support.paths import TESTS_DIR
 from tests.support.recovery_support import (
     assert_identical,
     assert_no_mutation_applied_twice,
@@ -36,7 +37,7 @@ from tests.support.resource_servers import TOKEN, resource_servers, token_in_env
 from tests.support.user_envs.notes import NotesEnvironment
 
 NOTES = "tests.support.user_envs.notes:NotesEnvironment"
-TASKS = Path(__file__).resolve().parents[1] / "support" / "user_envs" / "notes_tasks.jsonl"
+TASKS = TESTS_DIR / "support" / "user_envs" / "notes_tasks.jsonl"
 
 
 def ctx(turn: int, epoch: int = 1) -> StepContext:

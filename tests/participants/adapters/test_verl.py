@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-VENV = ROOT / ".venv-verl"
+from tests.support.paths import REPO_ROOT
+
+VENV = REPO_ROOT / ".venv-verl"
 
 
 def verl_python() -> Path:
     if not (VENV / ".stamp").exists():
-        subprocess.run(["make", "-C", str(ROOT), "venv-verl"], check=True)
-    subprocess.run(["make", "-s", "-C", str(ROOT), "namespace"], check=True)
+        subprocess.run(["make", "-C", str(REPO_ROOT), "venv-verl"], check=True)
+    subprocess.run(["make", "-s", "-C", str(REPO_ROOT), "namespace"], check=True)
     return VENV / "bin" / "python"
 
 
@@ -29,7 +30,7 @@ def test_a_rerun_trainer_step_gets_verl_loops_answered_from_the_journal(tmp_path
 
     def step() -> list[dict]:
         done = subprocess.run(
-            [str(python), str(ROOT / "examples/verl_session_loop/run.py"), "--upstream", upstream.url,
+            [str(python), str(REPO_ROOT / "examples/verl_session_loop/run.py"), "--upstream", upstream.url,
              "--journal", str(tmp_path / "journal"), "--prompts", "2", "--turns", "3",
              "--upstream-logprobs", "processed"],  # the fixed-rate upstream's, declared
             capture_output=True, text=True, env=env, timeout=1200,

@@ -18,6 +18,7 @@ import pytest
 
 from rollout_journal.replay.exit_codes import EXIT_WRITER_TAKEN as EXIT_FENCED
 from tests.support.kafka_drills import leader_kill_drill, wait_for
+from tests.support.paths import REPO_ROOT
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -48,11 +49,10 @@ writer: slot-0
 
 
 def _cli(args: list[str], out_dir: Path, name: str) -> subprocess.Popen:
-    repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    env = {**os.environ, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     return subprocess.Popen(
         [sys.executable, "-m", "rollout_journal.replay.cli.main", *args, "--progress-lines"],
-        cwd=repo,
+        cwd=REPO_ROOT,
         env=env,
         stdout=(out_dir / f"{name}.out").open("w"),
         stderr=(out_dir / f"{name}.err").open("w"),
