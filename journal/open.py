@@ -14,13 +14,16 @@ from rollout_journal.journal.metrics import JournalMetrics
 
 KAFKA_SCHEME = "kafka://"
 
-Mode = Literal["slot", "read", "member", "partitions", "plain"]
+Mode = Literal["slot", "read", "member", "partitions", "plain", "exclusive"]
 """How a journal is opened: ``slot``, the single writer of its worker slot (``writer``; on Kafka a
 library mode for tools and tests: nothing keeps a second slot off the namespace); ``read``, only
 reading (never fences a writer); ``member``, a member of the namespace's consumer group that writes
 only the partitions the group assigns it (a fleet's ``worker``, and ``run``/``resume``; Kafka only;
 ``partitions`` is its old name); ``plain``, durable single-record writes without a transaction,
-topics created if missing (``submit``'s registration; Kafka only)."""
+topics created if missing (a trainer's acknowledgement requests; Kafka only); ``exclusive``, a
+transactional writer under ``<namespace>.<writer>`` whatever the environment names (``submit``: two
+submits of one workload fence each other, and its records on two topics commit together; Kafka
+only)."""
 
 
 class JournalOptions(TypedDict, total=False):
@@ -58,12 +61,14 @@ def open_backend(
             settings = settings.model_copy(update={"transactional_id": writer})
         if mode in ("member", "partitions"):
             return KafkaBackend(settings, member=writer)
+        if mode == "exclusive":  # the writer's own id, never a slot the environment names
+            return KafkaBackend(settings.model_copy(update={"transactional_id": writer}))
         return KafkaBackend(settings, transactional=mode == "slot", create_topics=mode != "read")
     if "://" in location:
         raise ConfigurationError(
             f"journal location {location!r}: unknown scheme; use a directory path or kafka://host:port/namespace"
         )
-    if mode in ("member", "partitions", "plain"):
+    if mode in ("member", "partitions", "plain", "exclusive"):
         raise ConfigurationError(
             f"journal {location}: a worker fleet shares a namespace on Kafka "
             "(kafka://host:port/namespace); a file journal has one writer: use `rollout-journal run`"

@@ -52,6 +52,7 @@ from rollout_journal.journal.errors import (
     PartitionFencedError,
     UnstableReadError,
     WriterTakenError,
+    writer_fenced,
 )
 from rollout_journal.journal.events import Header, WorkloadRegistered
 from rollout_journal.journal.journal import AppendReceipt, Journal, WorkloadFeed
@@ -73,9 +74,15 @@ EventCallback = Callable[[str], None]  # one line about the worker's membership 
 def submit_workload(config: WorkloadConfig, location: str) -> tuple[WorkloadRegistered, bool]:
     """Record ``config`` in the Kafka namespace at ``location`` for a fleet's workers: its spec and
     every rollout id. Once: submitting the same workload again changes nothing (False; the same
-    registration is written again, which repairs a submit killed between its two writes, and copies
-    an older namespace's registrations to its workloads topic); a workload of the same name with
-    other settings is refused. Topics are created (and checked) here."""
+    registration is written again, which copies an older namespace's registrations to its workloads
+    topic); a workload of the same name with other settings is refused. Topics are created (and
+    checked) here.
+
+    A submit writes under a transactional id of the workload's own (``<namespace>.submit.<name>``),
+    opened before it reads what is registered: of two submits of one name at once, the later one's
+    opening fences the earlier, whose write then fails (nothing of it lands), so a name is never
+    registered twice with different settings; and its records on the snapshot and workloads topics
+    commit together."""
     if not is_kafka_url(location):
         raise ConfigurationError(
             f"submit needs a Kafka journal (kafka://host:port/namespace), not {location!r}: "
@@ -89,7 +96,20 @@ def submit_workload(config: WorkloadConfig, location: str) -> tuple[WorkloadRegi
             "with group: drop"
         )
     specs = workload_specs(config)
-    with open_journal(location, mode="plain", writer="submit") as journal:
+    try:
+        return _register(config, specs, location)
+    except JournalError as exc:
+        if not writer_fenced(exc):
+            raise
+        raise ConfigurationError(
+            f"workload {config.name!r}: another submit of the same name ran at the same time and fenced this "
+            f"one, so nothing of this one was written to {location}; run submit again to compare with what "
+            "the other registered"
+        ) from None
+
+
+def _register(config: WorkloadConfig, specs: list[RolloutSpec], location: str) -> tuple[WorkloadRegistered, bool]:
+    with open_journal(location, mode="exclusive", writer=f"submit.{config.name}") as journal:
         existing = journal.workloads().get(config.name)
         ids = [s.rollout_id for s in specs]
         if existing is not None:

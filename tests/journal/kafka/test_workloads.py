@@ -181,3 +181,49 @@ def test_submitting_an_old_namespace_s_workload_again_puts_it_on_the_workloads_t
     assert not new and registered == old
     with KafkaBackend(settings, transactional=False) as backend:
         assert [r.key for r in backend.read_workloads()] == ["again"]
+
+
+def test_two_submits_of_one_name_at_once_register_one_of_them(
+    settings: KafkaSettings, kafka_bootstrap: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both read "not registered yet" before either writes (a barrier holds them there): the later
+    one's opening fenced the earlier, so exactly one registration lands, and the loser is told so."""
+    import threading
+
+    url = f"kafka://{kafka_bootstrap}/{settings.namespace}?partitions={settings.partitions}"
+    configs = [
+        WorkloadConfig(name="race", groups=groups, siblings=1, max_turns=2, environment="counter", journal=url)
+        for groups in (1, 2)
+    ]
+    both_read = threading.Barrier(2, timeout=120)
+    workloads = Journal.workloads
+
+    def read_then_wait(self: Journal) -> dict[str, WorkloadRegistered]:
+        found = workloads(self)
+        both_read.wait()
+        return found
+
+    monkeypatch.setattr(Journal, "workloads", read_then_wait)
+    outcomes: list[object] = [None, None]
+
+    def submit(i: int) -> None:
+        try:
+            outcomes[i] = submit_workload(configs[i], url)
+        except Exception as exc:  # noqa: BLE001 - what the loser raises is the assertion
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    monkeypatch.undo()
+    won = [o for o in outcomes if isinstance(o, tuple)]
+    lost = [o for o in outcomes if isinstance(o, BaseException)]
+    assert len(won) == 1 and len(lost) == 1, outcomes
+    assert isinstance(lost[0], ConfigurationError) and "another submit of the same name" in str(lost[0])
+    registered, new = won[0]
+    assert new
+    with Journal(KafkaBackend(settings, transactional=False)) as reader:
+        assert reader.workloads()["race"] == registered  # the winner's, on both topics
+        assert [r.key for r in reader.backend.read_workloads()] == ["race"]
