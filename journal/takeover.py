@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import ClusterUnreachableError, UnstableReadError
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
@@ -42,7 +43,7 @@ def take_and_restore(
     long as the group assigns it here (a broker's loss; a revocation ends the take)."""
     settings = getattr(journal.backend, "settings", None)
     budget_ms = getattr(settings, "cluster_unavailable_timeout_ms", 60_000)
-    give_up = time.monotonic() + 2 * budget_ms / 1000
+    give_up = Deadline(2 * budget_ms / 1000)
     while True:
         if journal.backend.owner_token(partition) != token:
             raise journal._revoked(partition)
@@ -52,11 +53,11 @@ def take_and_restore(
             apply_waiting_acks(journal, partition, plan)
             return plan
         except (UnstableReadError, ClusterUnreachableError) as exc:
-            if isinstance(exc, UnstableReadError) and time.monotonic() > give_up:
+            if isinstance(exc, UnstableReadError) and give_up.passed():
                 raise
             if on_held_back is not None:
                 on_held_back(exc)
-            time.sleep(retry_s)
+            time.sleep(retry_s)  # not give_up.sleep: an unreachable partition is retried past it
 
 
 def apply_waiting_acks(journal: Journal, partition: int, plan: RestorePlan) -> None:

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
@@ -56,6 +55,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import (
     AuthenticationFailedError,
     ClusterUnreachableError,
@@ -171,7 +171,7 @@ def wait_for_acls(admin: AdminClient, bindings: list[AclBinding], *, present: bo
 
     wanted = {key(b) for b in bindings}
     principals = {b.principal for b in bindings}
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while True:
         seen: set[tuple[object, ...]] = set()
         for principal in principals:
@@ -190,12 +190,12 @@ def wait_for_acls(admin: AdminClient, bindings: list[AclBinding], *, present: bo
             seen.update(key(b) for b in found)
         if (wanted <= seen) if present else not (wanted & seen):
             return
-        if time.monotonic() > deadline:
+        if deadline.passed():
             raise JournalError(
                 f"the cluster still {'lacks' if present else 'holds'} ACLs it "
                 f"{'created' if present else 'deleted'} after {timeout_s:.0f} s"
             )
-        time.sleep(0.05)
+        deadline.sleep(0.05)
 
 
 # -- who is asking -------------------------------------------------------------------------
@@ -267,7 +267,7 @@ def wait_until_authenticated(
     holds). :class:`AuthenticationFailedError` as soon as a broker refuses the credentials (a SCRAM
     round trip, well under a second); :class:`ClusterUnreachableError` when none answers within
     ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     # One request, waited on in slices: a call per slice would redial the brokers each time.
     answer = admin.describe_cluster(request_timeout=timeout_s, include_authorized_operations=True)
     while True:
@@ -281,14 +281,14 @@ def wait_until_authenticated(
             err = kafka_error(exc)
             if err is not None and err.code() in AUTHENTICATION_CODES:
                 raise authentication_failed(settings, err) from None
-            if errors.authentication is None and time.monotonic() < deadline:
+            if errors.authentication is None and not deadline.passed():
                 answer = admin.describe_cluster(
-                    request_timeout=max(0.1, deadline - time.monotonic()), include_authorized_operations=True
+                    request_timeout=deadline.left(at_least=0.1), include_authorized_operations=True
                 )
         admin.poll(0)  # serves error_cb
         if errors.authentication is not None:
             raise authentication_failed(settings, errors.authentication)
-        if time.monotonic() >= deadline:
+        if deadline.passed():
             last = f" (last error: {errors.last.name()}: {errors.last.str()})" if errors.last is not None else ""
             raise ClusterUnreachableError(
                 f"cannot reach the Kafka cluster at {settings.bootstrap_servers}: no broker answered within "
@@ -308,7 +308,7 @@ def check_topic_access(
     the cluster does not grant this client on one of ``topics``; nothing is asked of a broker
     that reports no authorized operations."""
     operations = list(operations)
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     for topic in topics:
         while True:  # a broker other than the one that created the topic may not know it yet
             future = admin.describe_topics(
@@ -323,11 +323,11 @@ def check_topic_access(
                 if denied is not None:
                     raise denied from None
                 transient = err is not None and (err.retriable() or err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART)
-                if not transient or time.monotonic() > deadline:
+                if not transient or deadline.passed():
                     raise JournalError(
                         f"cannot describe topic {topic} on {settings.bootstrap_servers}: {exc}"
                     ) from None
-                time.sleep(0.1)
+                deadline.sleep(0.1)
         _require(settings, granted, operations, TOPIC, topic)
 
 

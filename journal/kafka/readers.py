@@ -31,6 +31,7 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from rollout_journal.journal.backend import StoredRecord
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import (
     ClusterUnreachableError,
     JournalClosedError,
@@ -238,12 +239,12 @@ class ReaderPool:
         # Ours: milliseconds until the commit markers are written. A take's commit point: as long as an
         # older zombie's transaction stays open below it (the broker aborts it after its timeout).
         bound_s = max(self.settings.operation_timeout_ms, 2 * self.settings.transaction_timeout_ms) / 1000
-        deadline = time.monotonic() + bound_s
+        deadline = Deadline(bound_s)
         delay = 0.002
         while end < wanted:
-            if time.monotonic() > deadline:
+            if deadline.passed():
                 raise UnstableReadError(topic, partition, end, wanted, bound_s)
-            time.sleep(delay)
+            deadline.sleep(delay)
             delay = min(delay * 2, 0.2)
             low, end = self._watermarks(consumer, topic, partition)
         return low, end
@@ -265,12 +266,12 @@ class ReaderPool:
         if stable >= high:
             return low, high
         bound_s = self.settings.stable_read_timeout_ms / 1000
-        deadline = time.monotonic() + bound_s
+        deadline = Deadline(bound_s)
         delay = 0.002
         while stable < high:
-            if time.monotonic() > deadline:
+            if deadline.passed():
                 raise UnstableReadError(topic, partition, stable, high, bound_s)
-            time.sleep(delay)
+            deadline.sleep(delay)
             delay = min(delay * 2, 0.2)
             low, stable = self._watermarks(consumer, topic, partition)
         return low, high

@@ -24,7 +24,6 @@ weaker than asked, warning where it is merely weak:
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
@@ -37,6 +36,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import ClusterUnreachableError, ConfigurationError, JournalError
 from rollout_journal.journal.kafka.access import CLUSTER, CLUSTER_TYPE, TOPIC, not_authorized, refusal
 from rollout_journal.journal.kafka.config import KafkaSettings
@@ -222,7 +222,7 @@ def _describe(
     just_created: bool,
 ) -> tuple[int, dict[str, TopicState]]:
     """(brokers in the cluster, each topic's partitions, replicas and effective configs)."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     layout: dict[str, tuple[int, int]] = {}
     brokers = 0
     for topic in wanted:
@@ -237,8 +237,8 @@ def _describe(
                         f"topic {topic} got no answer within {timeout_s:g} s ({err.name()}); is it running, and is "
                         "the address right?"
                     ) from exc
-                if classify(err, Role.ADMIN) is Action.RETRY and time.monotonic() < deadline:
-                    time.sleep(0.1)  # a broker gone or a leader moving while the worker opens
+                if classify(err, Role.ADMIN) is Action.RETRY and not deadline.passed():
+                    deadline.sleep(0.1)  # a broker gone or a leader moving while the worker opens
                     continue
                 raise JournalError(
                     f"cannot read metadata of topic {topic} from {settings.bootstrap_servers}: {exc}"
@@ -252,9 +252,9 @@ def _describe(
                 and meta.error is None
                 and all(p.leader >= 0 for p in meta.partitions.values())
             )
-            if ready or (missing and not just_created) or time.monotonic() > deadline:
+            if ready or (missing and not just_created) or deadline.passed():
                 break
-            time.sleep(0.1)
+            deadline.sleep(0.1)
         if missing or meta is None:
             raise ConfigurationError(
                 f"topic {topic} does not exist on {settings.bootstrap_servers}; "
@@ -286,7 +286,7 @@ def _describe(
 def _configs(admin: AdminClient, topic: str, timeout_s: float) -> dict[str, str]:
     """A topic's effective configs. A broker other than the one that answered the metadata may
     not know a just-created topic (or a just-altered config) yet: retried until the timeout."""
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     resource = ConfigResource(ResourceType.TOPIC, topic)
     while True:
         try:
@@ -294,9 +294,9 @@ def _configs(admin: AdminClient, topic: str, timeout_s: float) -> dict[str, str]
             return {name: entry.value for name, entry in entries.items() if entry.value is not None}
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            if classify(err, Role.ADMIN) is not Action.RETRY or time.monotonic() > deadline:
+            if classify(err, Role.ADMIN) is not Action.RETRY or deadline.passed():
                 raise
-            time.sleep(0.1)
+            deadline.sleep(0.1)
 
 
 def _check(
@@ -391,13 +391,13 @@ def _raise_min_isr(admin: AdminClient, settings: KafkaSettings, state: TopicStat
             f"cannot raise {MIN_ISR} of topic {state.name} from {current} to the asked "
             f"{asked}: {exc}; raise it on the topic yourself"
         ) from exc
-    deadline = time.monotonic() + timeout_s
+    deadline = Deadline(timeout_s)
     while _configs(admin, state.name, timeout_s).get(MIN_ISR) != str(asked):  # in effect on every broker we ask
-        if time.monotonic() > deadline:
+        if deadline.passed():
             raise ConfigurationError(
                 f"{MIN_ISR} of topic {state.name} was set to {asked} but the cluster still "
                 f"reports another value after {timeout_s:.0f} s"
             )
-        time.sleep(0.1)
+        deadline.sleep(0.1)
     log.info("raised %s of topic %s from %d to the asked %d", MIN_ISR, state.name, current, asked)
     return TopicState(state.name, state.partitions, state.replicas, {**state.configs, MIN_ISR: str(asked)})

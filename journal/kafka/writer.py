@@ -52,6 +52,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from rollout_journal.journal.backend import OutRecord, Stream, record_partition
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import (
     AbortableCommitError,
     ConfigurationError,
@@ -338,7 +339,7 @@ class KafkaWriter:
         self._txn_lock.acquire()
         try:
             producer = self._writable_producer()
-            deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000
+            deadline = Deadline(self.settings.transaction_timeout_ms / 1000)
             self._retrying(producer, "begin_transaction", producer.begin_transaction, deadline, in_txn=False)
             locations = self._produce_all(producer, records, deadline, in_txn=True)
         except BaseException:
@@ -347,7 +348,7 @@ class KafkaWriter:
         return StagedCommit(self, producer, locations)
 
     def _produce_all(
-        self, producer: Producer, records: Sequence[OutRecord], deadline: float, *, in_txn: bool
+        self, producer: Producer, records: Sequence[OutRecord], deadline: Deadline, *, in_txn: bool
     ) -> list[RecordLocation]:
         deliveries = _Deliveries(len(records))
         n = self.settings.partitions
@@ -375,19 +376,17 @@ class KafkaWriter:
                         err is not None
                         and not err.fatal()
                         and classify(err, Role.PRODUCER) is Action.RETRY
-                        and time.monotonic() < deadline
+                        and not deadline.passed()
                     ):
-                        refresh_if_stale(producer, err, topic, max(0.1, min(5.0, (deadline - time.monotonic()) / 10)))
+                        refresh_if_stale(producer, err, topic, max(0.1, min(5.0, deadline.left() / 10)))
                         self._serving_reports(producer, lambda: producer.poll(Retry.FIRST_S), in_txn)
                         continue
                     self._raise_classified(producer, exc, f"producing to topic {topic} partition {partition}", in_txn)
         while True:
-            remaining = self._serving_reports(
-                producer, lambda: producer.flush(max(0.0, min(1.0, deadline - time.monotonic()))), in_txn
-            )
+            remaining = self._serving_reports(producer, lambda: producer.flush(deadline.left(at_most=1.0)), in_txn)
             if remaining == 0:
                 break
-            if time.monotonic() >= deadline:
+            if deadline.passed():
                 what = f"{remaining} of {len(records)} records undelivered within the transaction timeout"
                 if in_txn:
                     self._abort_transaction(producer, reason=what)
@@ -438,13 +437,13 @@ class KafkaWriter:
     def _commit_plain(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
         with self._txn_lock:
             producer = self._writable_producer()
-            deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000
+            deadline = Deadline(self.settings.transaction_timeout_ms / 1000)
             locations = self._produce_all(producer, records, deadline, in_txn=False)
             self.on_committed(locations)
             return locations
 
     def _commit_transaction(self, producer: Producer) -> None:
-        deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000
+        deadline = Deadline(self.settings.transaction_timeout_ms / 1000)
         self._retrying(producer, "commit_transaction", producer.commit_transaction, deadline, in_txn=True, timed=True)
         self.metrics.transaction_committed()
 
@@ -484,14 +483,14 @@ class KafkaWriter:
         producer: Producer,
         what: str,
         call: Callable[..., None],
-        deadline: float,
+        deadline: Deadline,
         *,
         in_txn: bool,
         timed: bool = False,
     ) -> None:
         """``call`` until it succeeds, its transient errors retried under the retry policy until
         ``deadline``; any other error is classified (``_raise_classified``)."""
-        retry = Retry(deadline - time.monotonic(), f"transactional id {self.transactional_id}: {what}")
+        retry = Retry(deadline.left(), f"transactional id {self.transactional_id}: {what}")
         while True:
             try:
                 if timed:
@@ -529,8 +528,8 @@ class KafkaWriter:
             return err
         # librdkafka's own thread may learn of the fencing between two of our calls (a zombie's
         # produce answered _FATAL, seen in the racing-resumes test): its error is queued, unserved.
-        deadline = time.monotonic() + _ROOT_CAUSE_WAIT_S
-        while self._fatal_error is None and time.monotonic() < deadline:
+        deadline = Deadline(_ROOT_CAUSE_WAIT_S)
+        while self._fatal_error is None and not deadline.passed():
             try:
                 producer.poll(0.05)
             except KafkaException as exc:
@@ -733,9 +732,9 @@ class MemberWriter(KafkaWriter):
         metadata = self._group_metadata()
         if self._refused_generation is None:
             return metadata
-        deadline = time.monotonic() + 2 * max(0.1, self.settings.group_session_timeout_ms / 6000)
-        while metadata is not None and repr(metadata) == self._refused_generation and time.monotonic() < deadline:
-            time.sleep(0.05)
+        deadline = Deadline(2 * max(0.1, self.settings.group_session_timeout_ms / 6000))
+        while metadata is not None and repr(metadata) == self._refused_generation and not deadline.passed():
+            deadline.sleep(0.05)
             metadata = self._group_metadata()
         return metadata
 
@@ -762,7 +761,7 @@ class MemberWriter(KafkaWriter):
         with self._txn_lock:
             producer = self._writable_producer()
             metadata = self._current_metadata()  # before the transaction: waiting on it must not age it
-            deadline = time.monotonic() + self.settings.transaction_timeout_ms / 1000
+            deadline = Deadline(self.settings.transaction_timeout_ms / 1000)
             self._retrying(producer, "begin_transaction", producer.begin_transaction, deadline, in_txn=False)
             locations = self._produce_all(producer, records, deadline, in_txn=True) if records else []
             offsets = commit_points(locations) + list(consumed)

@@ -16,6 +16,8 @@ from typing import Any
 
 import uvicorn
 
+from rollout_journal.journal.deadlines import Deadline
+
 __all__ = ["ThreadedServer", "bind", "run_loop", "serve", "url_of"]
 
 
@@ -47,6 +49,10 @@ def url_of(sock: socket.socket) -> str:
     return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
+# How long uvicorn may take to start serving on its bound socket (lifespan off: well under a second).
+START_TIMEOUT_S = 60.0
+
+
 def _server(app: Any) -> uvicorn.Server:
     # No access log: request lines carry rollout ids at a rate nobody reads; the apps log errors.
     fast = importlib.util.find_spec("httptools") is not None
@@ -62,6 +68,19 @@ def _server(app: Any) -> uvicorn.Server:
     return uvicorn.Server(config)
 
 
+async def _until_started(server: uvicorn.Server, serving: asyncio.Task[None], url: str, deadline: Deadline) -> bool:
+    """Whether uvicorn started serving (False: its task ended first, a failed startup that the task
+    raises). uvicorn offers no awaitable for it, only its ``started`` flag, so the flag is polled, up
+    to ``deadline``: a startup that hangs cancels the task and raises :class:`TimeoutError` rather
+    than leave the caller, and the loop, waiting on it forever."""
+    while not server.started and not serving.done():
+        if deadline.passed():
+            serving.cancel()
+            raise TimeoutError(f"uvicorn did not start serving {url} within {deadline.timeout_s:g} s")
+        await asyncio.sleep(deadline.left(at_most=0.01))
+    return server.started
+
+
 async def serve(
     app: Any,
     sock: socket.socket,
@@ -69,14 +88,14 @@ async def serve(
     ready: Callable[[str], None] = lambda url: None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
-    """Serve ``app`` on ``sock`` in the running loop until the server is told to exit (SIGINT, SIGTERM)."""
+    """Serve ``app`` on ``sock`` in the running loop until the server is told to exit (SIGINT, SIGTERM);
+    :class:`TimeoutError` if it has not started serving within :data:`START_TIMEOUT_S`."""
     server = _server(app)
+    deadline = Deadline(START_TIMEOUT_S)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started and not serving.done():
-        await asyncio.sleep(0.01)
-    if server.started:
-        ready(url_of(sock))
     try:
+        if await _until_started(server, serving, url_of(sock), deadline):
+            ready(url_of(sock))
         await serving
     finally:
         if on_stop is not None:
@@ -104,9 +123,11 @@ class ThreadedServer:
         self._server: uvicorn.Server | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._make_app, self._on_stop = make_app, on_stop
+        self._start = Deadline(START_TIMEOUT_S)  # the loop's bound too: it gives up when this does
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
-        self._started.wait(60)
+        if not self._started.wait(self._start.left()):
+            raise RuntimeError(f"{name} did not start serving {self.url} within {START_TIMEOUT_S:g} s")
         if self._failure is not None or self._server is None or not self._server.started:
             raise RuntimeError(f"{name} did not start: {self._failure!r}") from self._failure
 
@@ -115,10 +136,10 @@ class ThreadedServer:
             self.loop = asyncio.get_running_loop()
             self._server = _server(self._make_app())
             serving = asyncio.create_task(self._server.serve(sockets=[self._sock]))
-            while not self._server.started and not serving.done():
-                await asyncio.sleep(0.01)
-            self._started.set()
             try:
+                if not await _until_started(self._server, serving, self.url, self._start):
+                    await serving  # a failed startup: what it raised is recorded before __init__ wakes
+                self._started.set()
                 await serving
             finally:
                 if self._on_stop is not None:

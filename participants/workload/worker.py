@@ -45,6 +45,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from rollout_journal.journal.anchoring import HeadSigner
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import (
     ClusterUnreachableError,
     ConfigurationError,
@@ -716,7 +717,7 @@ def refuse_if_held(location: str, role: str, writer: str) -> None:
     from rollout_journal.journal.kafka.group import WORKER, describe_group
 
     settings = KafkaSettings.from_url(location)
-    deadline = time.monotonic() + settings.group_session_timeout_ms / 1000 + 2.0
+    deadline = Deadline(settings.group_session_timeout_ms / 1000 + 2.0)
     while True:
         # The cluster's whole budget, as the journal's own operations get: one request's timeout was
         # once the budget, and a loaded broker's slow answer ended a run (exit 7) before it began.
@@ -731,13 +732,13 @@ def refuse_if_held(location: str, role: str, writer: str) -> None:
             )
         if not others:
             return
-        if time.monotonic() > deadline:
+        if deadline.passed():
             who = ", ".join(str(m) for m in others)
             raise WriterTakenError(
                 f"namespace {settings.namespace} is held by {who}; stop it, or {role} with "
                 f"--writer {others[0].name} to take over"
             )
-        time.sleep(0.5)
+        deadline.sleep(0.5)
 
 
 def prepare_workload(

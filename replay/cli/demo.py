@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.open import is_kafka_url
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.run import run_workload
@@ -174,12 +175,12 @@ def _at_crash(config: WorkloadConfig, reported: int, patience_s: float = 10.0) -
     ``reported`` turns the child said were durable. On Kafka, a commit returns before the broker
     has written its transaction's markers to the partitions, and a read-committed reader sees the
     transaction only after that: a reader opened at once could report turns lost that are not."""
-    deadline = time.monotonic() + patience_s
+    deadline = Deadline(patience_s)
     while True:
         at_crash = workload_at_crash(config)
-        if sum(a.turns for a in at_crash.values()) >= reported or time.monotonic() >= deadline:
+        if sum(a.turns for a in at_crash.values()) >= reported or deadline.passed():
             return at_crash
-        time.sleep(0.2)
+        deadline.sleep(0.2)
 
 
 def format_table(report: DemoReport) -> str:
