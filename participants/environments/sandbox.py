@@ -32,6 +32,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import ConfigurationError
 from rollout_journal.participants.environments.base import SUBMIT, Environment, StepMutations
 from rollout_journal.participants.environments.tasks import Task
@@ -233,8 +234,9 @@ class PythonSandbox(Resource):
     def _read_line(self, proc: subprocess.Popen[bytes], timeout_s: float) -> bytes:
         assert proc.stdout is not None
         fd = proc.stdout.fileno()
+        deadline = Deadline(timeout_s)  # for the whole line: a child that dribbles bytes never resets it
         while b"\n" not in self._buffer:
-            ready, _, _ = select.select([fd], [], [], timeout_s)
+            ready, _, _ = select.select([fd], [], [], deadline.left())
             if not ready:
                 self._kill()
                 raise SandboxTimeoutError(

@@ -387,6 +387,16 @@ def test_code_that_outlives_the_timeout_is_answered_and_the_interpreter_starts_a
     assert agent.act("py(x = x * 3)").text == "ok" and env.current_x() == 3 * env.start_value
 
 
+def test_code_that_dribbles_onto_the_protocol_pipe_still_times_out(envs: list[Environment]) -> None:
+    """The timeout bounds the whole answer: bytes without a newline every 0.1 s (the model's code
+    found the protocol's pipe) do not restart it, and the code is stopped as any other overrun."""
+    dribble = "import __main__, time\nfor _ in range(40):\n    __main__.proto_out.write(' '); __main__.proto_out.flush(); time.sleep(0.1)"
+    env = make_environment("sandbox", "r1", Task(2, "dribble", {"timeout_s": 0.5, "actions": [dribble]}))
+    envs.append(env)
+    observation = Agent(env).act(f"py({dribble})")
+    assert observation.text.startswith("Timeout: the code ran longer than 0.5 s"), observation.text
+
+
 def test_code_that_ends_the_interpreter_is_answered_with_its_exit_code(envs: list[Environment]) -> None:
     env = make_environment("sandbox", "r1", Task(2, None, {"actions": ["import os; os._exit(7)"]}))
     envs.append(env)
