@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -36,39 +35,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.support.chat_load import run_load  # noqa: E402
-
-
-def _started(
-    command: list[str], marker: str, log: Path, env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen, str]:
-    """Start a server that prints ``<marker> URL`` once it listens; (process, URL)."""
-    out = log.open("w")
-    proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env or os.environ.copy(), cwd=str(ROOT))
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        for line in log.read_text().splitlines():
-            if line.startswith(marker):
-                return proc, line.split()[-1]
-        if proc.poll() is not None:
-            raise SystemExit(f"{command[2]} exited: {log.read_text()[-2000:]}")
-        time.sleep(0.1)
-    raise SystemExit(f"{command} did not start: {log.read_text()[-2000:]}")
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+from bench.support.servers import started, stop  # noqa: E402
 
 
 def gateway_process(upstream: str, journal: str, log: Path, *, logprobs: str = "probe") -> tuple[subprocess.Popen, str]:
     """``logprobs``: the gateway's --upstream-logprobs (the fixed-rate upstream's are declared processed)."""
     command = [sys.executable, "-m", "rollout_journal.replay.cli.main", "gateway", "--upstream", upstream,
                "--journal", str(journal), "--port", "0", "--upstream-logprobs", logprobs]  # fmt: skip
-    return _started(command, "serving gateway at", log)
+    return started(command, "serving gateway at", log)
 
 
 def measure(upstream: str, gateway: str, *, streams: int, turns: int, max_tokens: int, reps: int) -> dict[str, Any]:
@@ -185,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="rj-bench-gateway-") as tmp:
         work = Path(tmp)
-        fixed, fixed_url = _started(
+        fixed, fixed_url = started(
             [sys.executable, "-m", "tests.support.fixed_rate_upstream", "--model-dir", str(model), "--rate", str(args.rate),
              "--chunk", "16"],
             "serving at", work / "fixed.log",
@@ -209,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                     "upstream_api": "generate",
                 }
             finally:
-                _stop(gw)
+                stop(gw)
             upstream_for_rest = fixed_url
             if not args.skip_vllm:
                 from rollout_journal.participants.model.vllm_backend import vllm_environment
@@ -236,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                             "upstream_api": "generate (direct: vLLM's /v1/chat/completions)",
                         }
                     finally:
-                        _stop(gw)
+                        stop(gw)
                     if not args.skip_peer:
                         report["peer"] = peer(vllm_url, streams=args.streams, turns=args.turns,
                                               max_tokens=args.vllm_tokens, reps=args.reps)  # fmt: skip
@@ -257,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                         "upstream": "the fixed-rate upstream",
                     }
         finally:
-            _stop(fixed)
+            stop(fixed)
     if args.json:
         print(json.dumps(report, indent=2))
     else:

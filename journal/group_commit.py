@@ -8,7 +8,12 @@ batch is due:
 - as soon as somebody waits for a queued append (``result()``, or a callback
   such as ``asyncio.wrap_future`` adds): nobody is kept waiting for company;
 - ``linger_ms`` after the oldest queued append at the latest;
-- or when ``max_batch_appends`` are queued.
+- or when ``max_batch_appends`` are queued;
+
+and never sooner than ``commit_interval_ms`` after the previous commit started (Kafka Streams'
+``commit.interval.ms``): a fleet worker's transactions then grow with time, not with its turns
+(one per interval at most, over every partition it owns), and a waiter or a progress mark that
+makes a batch due no longer buys a transaction of its own.
 
 Commits are thus driven by demand, not by a clock: an agent that appends turn
 t+1 before it waits for turn t gets both in one commit, and the committer
@@ -157,10 +162,13 @@ class GroupCommitter:
         max_commit_attempts: int,
         on_committed: Callable[[Sequence[OutRecord], list[RecordLocation]], None],
         metrics: JournalMetrics = NO_METRICS,
+        commit_interval_ms: float = 0.0,
     ) -> None:
         self._backend = backend
         self._metrics = metrics
         self._linger_s = linger_ms / 1000.0
+        self._interval_s = commit_interval_ms / 1000.0
+        self._next_commit_at = 0.0  # monotonic: the previous commit's start plus the interval
         self._max_appends = max_batch_appends
         self._max_attempts = max_commit_attempts
         self._on_committed = on_committed
@@ -211,6 +219,9 @@ class GroupCommitter:
         first = self._queue.get()
         if first is not None and not self._due.is_set():
             self._due.wait(self._linger_s)
+        if first is not None:
+            # what arrives meanwhile joins this batch; a close waits one interval at most
+            time.sleep(max(0.0, self._next_commit_at - time.monotonic()))
         self._due.clear()
         batch: list[PendingAppend] = []
         item, stop = first, False
@@ -232,6 +243,7 @@ class GroupCommitter:
             while True:
                 batch, stop = self._next_batch()
                 if batch:
+                    self._next_commit_at = time.monotonic() + self._interval_s
                     self._commit(batch)
                 if stop or self._failure is not None:  # after a fatal error _fail resolved everything queued
                     return

@@ -108,12 +108,15 @@ class Journal:
         max_record_bytes: int = 512 * 1024,
         max_event_bytes: int = 64 * 1024 * 1024,
         metrics: JournalMetrics | None = None,
+        commit_interval_ms: float = 0.0,
     ) -> None:
         """``max_record_bytes``: an event encoding to more is journaled as ``EventChunk`` pieces
         (lowered to what the backend takes, e.g. a Kafka topic's ``max.message.bytes``), and so is a
         snapshot state over ``inline_snapshot_limit`` (as blob chunks). ``max_event_bytes``: the
         largest event an append takes, and a reader joins; a larger one fails its own append.
-        ``metrics`` hears of commits, transactions and fenced appends (``journal.metrics``)."""
+        ``metrics`` hears of commits, transactions and fenced appends (``journal.metrics``).
+        ``commit_interval_ms``: the least time between the starts of two commits (a fleet worker's
+        100 ms: its transactions grow with time, not with turns; see ``journal.group_commit``)."""
         self.backend = backend
         self.metrics = metrics or NO_METRICS
         backend.observe(self.metrics)
@@ -143,6 +146,7 @@ class Journal:
             max_commit_attempts=max_commit_attempts,
             on_committed=self._note_committed,
             metrics=self.metrics,
+            commit_interval_ms=commit_interval_ms,
         )
 
     # -- writing -----------------------------------------------------------

@@ -38,6 +38,7 @@ class JournalOptions(TypedDict, total=False):
     max_record_bytes: int
     max_event_bytes: int
     metrics: JournalMetrics | None
+    commit_interval_ms: float
 
 
 def is_kafka_url(location: str) -> bool:

@@ -201,6 +201,7 @@ class FleetWorker:
         linger_ms: float = 50.0,
         max_parallel_takes: int = 4,
         metrics_port: int | None = None,
+        commit_interval_ms: float = 100.0,
     ) -> None:
         """``name`` tells the worker apart (``status``, and the ``writer`` of the events it journals;
         default ``<host>-<pid>``). ``instance_id`` makes it a static member of the group: restarted
@@ -208,7 +209,9 @@ class FleetWorker:
         rebalance, but leaving holds them until the session times out (see docs/design-notes.md).
         ``role``: what ``status`` and a refused ``run`` call it (``worker``, ``run``, ``resume``).
         ``metrics_port``: serve :attr:`metrics` for Prometheus at ``http://<host>:<port>/metrics``
-        while it runs (default: counted, not served)."""
+        while it runs (default: counted, not served). ``commit_interval_ms``: the least time between
+        two of its commits (each one transaction over every partition it owns), so its transactions
+        per second stay under 1000 / interval however many turns it drives."""
         if not is_kafka_url(location):
             raise ConfigurationError(
                 f"a worker needs a Kafka journal (kafka://host:port/namespace), not {location!r}; "
@@ -225,6 +228,7 @@ class FleetWorker:
         self.poll_s = poll_s
         self.fixed = list(workloads) if workloads is not None else None
         self.linger_ms = linger_ms
+        self.commit_interval_ms = commit_interval_ms
         self.max_parallel_takes = max_parallel_takes
         self.report = WorkerReport(self.name)
         self.workloads: dict[str, _Workload] = {}
@@ -283,6 +287,7 @@ class FleetWorker:
             writer=self.name,
             linger_ms=self.linger_ms,
             metrics=self.metrics,
+            commit_interval_ms=self.commit_interval_ms,
         )
         backend = journal.backend
         if not isinstance(backend, KafkaBackend):  # __init__ checked the location: a Kafka URL opens one

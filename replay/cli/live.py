@@ -326,6 +326,7 @@ def worker(args: argparse.Namespace) -> int:
         on_turn=on_turn,
         on_event=on_event,
         metrics_port=args.metrics_port,
+        commit_interval_ms=args.commit_interval_ms,
     )
 
     async def until_stopped() -> WorkerReport:

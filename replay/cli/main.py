@@ -250,6 +250,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics at http://<host>:N/metrics (turns, commit latency, transactions, "
         "owned partitions, restores, rebalances, fenced appends; see docs/scaling.md); default: off",
     )
+    worker.add_argument(
+        "--commit-interval-ms",
+        type=float,
+        default=100.0,
+        metavar="MS",
+        help="the least time between two of the worker's commits, each one Kafka transaction over every "
+        "partition it owns: transactions grow with time, not with turns (Kafka Streams' commit.interval.ms; "
+        "0: commit as soon as a turn is waited for). Default: %(default)s",
+    )
     worker.add_argument("--json", action="store_true", help="print the worker's report as JSON when it stops")
     status = sub.add_parser("status", help="per rollout and per partition: owner, attempt, epoch, turns (reads only)")
     status.add_argument(

@@ -147,3 +147,45 @@ def test_the_committer_reports_each_commit_and_each_fenced_append(tmp_path: Path
     assert len(metrics.commits) == 2 and all(seconds >= 0 for seconds in metrics.commits)
     assert metrics.fenced == 1
     assert (metrics.transactions, metrics.reinits) == (0, 0)  # files have no transactions
+
+
+def test_commits_keep_the_interval_however_often_appends_are_waited_for(tmp_path: Path) -> None:
+    """Every append is waited for at once (each wait makes its batch due), from four threads: the
+    commits still start at least ``commit_interval_ms`` apart, and the appends share them."""
+    backend = FileBackend(tmp_path / "journal", fsync=False)
+    started: list[float] = []
+    commit = backend.commit
+
+    def timed_commit(records):  # type: ignore[no-untyped-def]
+        started.append(time.monotonic())
+        return commit(records)
+
+    backend.commit = timed_commit  # type: ignore[method-assign]
+    committer = GroupCommitter(
+        backend,
+        linger_ms=0.0,
+        max_batch_appends=64,
+        max_commit_attempts=1,
+        on_committed=lambda records, locations: None,
+        commit_interval_ms=200.0,
+    )
+    receipts = []
+
+    def writer(i: int) -> None:
+        for turn in range(5):
+            record = OutRecord(Stream.EVENTS, f"r{i}", f"turn {turn}".encode(), f"r{i}")
+            receipts.append(committer.submit(lambda record=record: [record]).result(timeout=60))
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        committer.close()
+        backend.close()
+    assert len(receipts) == 20
+    gaps = [b - a for a, b in zip(started, started[1:])]
+    assert gaps and min(gaps) >= 0.2 - 1e-3, gaps  # the clock's own resolution aside
+    assert len(started) < 20 and max(r.batch_appends for r in receipts) > 1
