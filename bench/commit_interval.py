@@ -53,7 +53,13 @@ def one_run(bootstrap: str, upstream: str, interval_ms: float, args: argparse.Na
         journal=url,
         concurrency=args.rollouts,
         constrained_actions=False,
-        model=ModelConfig(backend="openai", url=f"{upstream}/v1", path=str(tiny_model_dir()), max_tokens=16),
+        model=ModelConfig(
+            backend="openai",
+            url=f"{upstream}/v1",
+            path=str(tiny_model_dir()),
+            max_tokens=16,
+            server_logprobs="accept_raw",
+        ),
     )
     registration, specs = prepare_workload(config, resume=False)
     worker = FleetWorker(

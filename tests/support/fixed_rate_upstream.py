@@ -7,7 +7,8 @@ streaming or not, ``/v1/models`` and ``/health``. A completion is ``max_tokens``
 generator seeded by the prompt's ids and the request's seed, so the same prompt gets the same
 answer and another prompt another one; ``script`` texts instead answer the k-th call of a
 conversation (k = generation prompts in the prompt) with that text and the eos. Tokens come
-``chunk`` at a time, ``rate`` tokens per second per stream (0: as fast as it can).
+``chunk`` at a time, ``rate`` tokens per second per stream (0: as fast as it can). Every logprob,
+sampled or (``prompt_logprobs``) of the prompt, is log(1/2): the server reports them raw.
 
 Faults for the tests: ``POST /faults {"status": 503, "count": 2}`` answers the next two requests
 503; ``{"drop_after": 3, "count": 1}`` drops the next stream's connection after 3 tokens.
@@ -196,6 +197,8 @@ def build_app(upstream: Upstream) -> Starlette:
             return refused
         ids = u.answer([int(t) for t in prompt], max_tokens, body.get("seed"))
         u.completions += 1
+        # vLLM's shape of a scored prompt: None for the first token, {id: {"logprob": ...}} after
+        scored = [None] + [{str(t): {"logprob": LOGPROB}} for t in prompt[1:]]
 
         def choice(piece: np.ndarray, reason: str | None) -> dict[str, Any]:
             return {
@@ -204,6 +207,7 @@ def build_app(upstream: Upstream) -> Starlette:
                 "token_ids": piece.tolist(),
                 "logprobs": {"token_logprobs": [LOGPROB] * len(piece), "tokens": [""] * len(piece)},
                 "finish_reason": reason,
+                **({"prompt_logprobs": scored} if body.get("prompt_logprobs") is not None else {}),
             }
 
         return await answered(ids, max_tokens, bool(body.get("stream")), choice)
