@@ -399,3 +399,20 @@ def test_idle_requests_reports_a_rate_per_partition_count_and_their_ratio(kafka_
     for partitions in (2, 4):
         assert report[f"idle_requests_per_s_{partitions}_partitions"] > 0  # at least the group's heartbeats
     assert report["idle_requests_ratio_4_vs_2"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.timeout(600)
+def test_commit_interval_counts_the_worker_s_transactions_both_ways(kafka_bootstrap: str) -> None:
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / "commit_interval.py"), "--json", "--bootstrap", kafka_bootstrap,
+         "--reps", "1", "--rollouts", "4", "--turns", "2"],
+        capture_output=True, text=True, timeout=500,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    for setting in ("without", "with"):
+        (run,) = report["runs"][setting]
+        assert run["turns"] == 4 * 2 and run["transactions"] > 0  # counted by the worker, not assumed
+    assert report["transactions_per_s_ratio"] > 0 and report["turns_per_s_ratio"] > 0
