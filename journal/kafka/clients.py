@@ -4,7 +4,7 @@ error helpers that classify what a client raised, and creating and closing clien
 The roles themselves live in :mod:`rollout_journal.journal.kafka.topics` (topic administration),
 :mod:`rollout_journal.journal.kafka.writer` (the transactional writer) and :mod:`rollout_journal.journal.kafka.readers`
 (the pool of read_committed readers); :mod:`rollout_journal.journal.kafka.backend` composes them.
-librdkafka logs go to the ``journal.kafka.librdkafka`` logger.
+librdkafka logs go to the ``rollout_journal.journal.kafka.librdkafka`` logger.
 """
 
 from __future__ import annotations
