@@ -669,3 +669,18 @@ def test_the_state_comparison_sees_every_field() -> None:
         changed = dataclasses.replace(state, **{name: value})
         with pytest.raises(AssertionError, match=name):
             assert_same_state(state, changed)
+
+    # Lineages alike in the head's sequence, apart in the sequences closed before it (new_sequence).
+    assert state.lineage is not None
+    head = {"segments": state.lineage.segments, "logprobs": state.lineage.logprobs}
+    closed = TokenLineage(**head)
+    closed.close_sequence(ids(7, 8))
+    for name, value in {
+        "closed_ids": closed.closed_ids,
+        "closed_logprobs": lps(-0.5),
+        "closed_segments": closed.closed_segments,
+        "sequence_starts": [2],
+    }.items():
+        changed = dataclasses.replace(state, lineage=TokenLineage(**head, **{name: value}))
+        with pytest.raises(AssertionError, match=f"lineage.{name}"):
+            assert_same_state(state, changed)
