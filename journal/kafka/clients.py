@@ -73,7 +73,7 @@ client_log.addFilter(
 client_log.addFilter(_DemotedToInfo((": retrying",)))
 
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
-# The cluster refused the credentials themselves (journal.kafka_access turns them into one line).
+# The cluster refused the credentials themselves (rollout_journal.journal.kafka.access turns them into one line).
 AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
 
 # Leadership not settled yet (just after topic creation, or while a leader moves):
