@@ -4,7 +4,7 @@ A hash chain alone is tamper-evident only against someone who cannot recompute i
 whoever can rewrite the journal can change a mutation and recompute every later
 chain hash. So, as Certificate Transparency and Sigstore Rekor sign their tree
 heads, the writer signs the chain heads of a rollout's resources in every commit
-that mutates them (a :class:`~journal.events.HeadCheckpoint`, in the same atomic
+that mutates them (a :class:`~rollout_journal.journal.events.HeadCheckpoint`, in the same atomic
 append). Rewriting the chain then needs the private key. The signature is Ed25519,
 not an HMAC: the auditor holds only the public key, so whoever verifies cannot
 forge.

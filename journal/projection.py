@@ -14,7 +14,7 @@ measured first: its per-record field matching made reads slower, not faster,
 because the large fields are packed ``bytes`` that fastavro already skips
 cheaply. Any record type the projection does not name, and any writer version
 a generated reader cannot serve (a kept field missing, or of another type),
-is decoded in full by :class:`~journal.codec.Codec`. Full decoding stays what
+is decoded in full by :class:`~rollout_journal.journal.codec.Codec`. Full decoding stays what
 restore, audit and export use.
 """
 

@@ -1,6 +1,6 @@
 """The trainer's side of the journal: complete prompt groups, exactly once, as torch tensors.
 
-A worker publishes each finished rollout's :class:`~journal.events.TrainingRecord`
+A worker publishes each finished rollout's :class:`~rollout_journal.journal.events.TrainingRecord`
 on the results stream in the same commit as its final turn, so a record exists
 exactly when its rollout is durably finished, and an aborted transaction (a
 fenced zombie, a crash mid-commit) never reaches the trainer (Kafka

@@ -5,14 +5,18 @@ Public API (import from here, not from the modules)::
     from rollout_journal.replay import open_replay, list_rollouts, build_timeline, resource_state
     from rollout_journal.replay import export_journal, export_training, fork_rollout, TokenizerCatalog
 
-Every command opens its journal with :func:`open_replay` (a file journal directory
-or ``kafka://host:port/namespace``, read-only), streams it with a
-:class:`~replay.progress.Progress`, applies the events it reads through the
+Every command that reads a journal through this API (``replay list``, ``show``, ``state`` and
+``report``; ``export``, ``export-training``, ``fork``, ``audit``, ``verify``) opens it with :func:`open_replay`
+(a file journal directory or ``kafka://host:port/namespace``, read-only), streams it with a
+:class:`~rollout_journal.replay.progress.Progress`, applies the events it reads through the
 rollout aggregate (``rollout_journal.participants.rollout.state``), and returns a result with
 ``as_json()``, ``text()`` and the ``report`` of what the read stepped over; the
 command line (``rollout_journal.replay.cli.main``) prints it (``rollout_journal.replay.terminal.emit``).
+``status`` is the exception: :func:`~rollout_journal.replay.status.fleet_status` opens the
+journal read-only itself, once per reading, and on Kafka also asks the worker group who owns
+each partition.
 
-Names load lazily (PEP 562): ``import replay`` costs nothing, and torch is
+Names load lazily (PEP 562): ``import rollout_journal.replay`` costs nothing, and torch is
 imported only by what needs it.
 """
 

@@ -1,6 +1,6 @@
 """The 0.1 reading API, kept for callers that still use it: ``list_rollouts(journal)``.
 
-New code uses :func:`replay.list_rollouts` (filters, progress, one row type);
+New code uses :func:`rollout_journal.replay.list_rollouts` (filters, progress, one row type);
 this adapter runs it and hands back the old shape.
 """
 

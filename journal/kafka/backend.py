@@ -45,7 +45,7 @@ reads the group's committed offsets (waiting while the previous owner's last tra
 undecided): reads of the partition then reach at least that commit point.
 
 Reads see every commit this backend has returned from (read-your-writes).
-librdkafka logs go to the ``journal.kafka.librdkafka`` logger.
+librdkafka logs go to the ``rollout_journal.journal.kafka.librdkafka`` logger.
 
 Access: every client logs in with the credentials of the settings (``librdkafka`` passthrough,
 from the environment). Opening a backend logs in first, so a refused password is one

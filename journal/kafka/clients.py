@@ -4,7 +4,7 @@ error helpers that classify what a client raised, and creating and closing clien
 The roles themselves live in :mod:`rollout_journal.journal.kafka.topics` (topic administration),
 :mod:`rollout_journal.journal.kafka.writer` (the transactional writer) and :mod:`rollout_journal.journal.kafka.readers`
 (the pool of read_committed readers); :mod:`rollout_journal.journal.kafka.backend` composes them.
-librdkafka logs go to the ``journal.kafka.librdkafka`` logger.
+librdkafka logs go to the ``rollout_journal.journal.kafka.librdkafka`` logger.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ client_log.addFilter(
 client_log.addFilter(_DemotedToInfo((": retrying",)))
 
 FENCED_CODES = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
-# The cluster refused the credentials themselves (journal.kafka_access turns them into one line).
+# The cluster refused the credentials themselves (rollout_journal.journal.kafka.access turns them into one line).
 AUTHENTICATION_CODES = frozenset({KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED})
 
 # Leadership not settled yet (just after topic creation, or while a leader moves):

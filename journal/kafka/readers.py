@@ -68,7 +68,8 @@ class ReaderPool:
     def __init__(self, settings: KafkaSettings, *, stable: bool = False) -> None:
         self.settings = settings
         self.stable = stable
-        # Under the namespace's prefix, so the namespace's group ACL covers it (see journal.kafka_access).
+        # Under the namespace's prefix, so the namespace's group ACL covers it
+        # (see rollout_journal.journal.kafka.access).
         self.group = f"{settings.namespace}.reader-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Lock()
         self._idle: list[Consumer] = []

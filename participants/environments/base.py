@@ -4,9 +4,9 @@ Write your own by subclassing :class:`Environment` (the built-ins ``workplace``,
 ``counter`` and ``sandbox`` are worked examples):
 
 - ``__init__(rollout_id, task)``: call ``super().__init__``, then build the task's
-  resources (subclasses of :class:`~participants.resources.Resource`) and register each
+  resources (subclasses of :class:`~rollout_journal.participants.resources.Resource`) and register each
   with :meth:`Environment._add_resource`. ``self.task`` is a
-  :class:`~participants.environments.tasks.Task`: a seed, and for a dataset row its
+  :class:`~rollout_journal.participants.environments.tasks.Task`: a seed, and for a dataset row its
   ``prompt`` and ``fields``.
 - :meth:`Environment.task_prompt`, :meth:`Environment.action_space` (the tool calls valid
   now, ending with ``submit()``), :meth:`Environment._perform` (run one of them, mutating
@@ -16,7 +16,7 @@ Write your own by subclassing :class:`Environment` (the built-ins ``workplace``,
 
 An environment keeps no state outside its resources, so rebuilding its resources
 (replay, import or reset) rebuilds the environment. How it recovers after a crash is
-its weakest resource's :class:`~participants.resources.Recovery` mode. Name it in a
+its weakest resource's :class:`~rollout_journal.participants.resources.Recovery` mode. Name it in a
 workload as ``package.module:Class`` or through the ``rollout_journal.environments``
 entry point group: no edit of this project is needed.
 
@@ -26,7 +26,7 @@ the model, never an exception: only fencing, revision and idempotency errors (th
 attempt must stop) and infrastructure failures leave :meth:`Environment.step`.
 
 The environment classifies what went wrong. What the action itself caused is the
-policy's doing: raise :class:`~participants.resources.PolicyFault` (or let a resource
+policy's doing: raise :class:`~rollout_journal.participants.resources.PolicyFault` (or let a resource
 raise ``OperationRejectedError``) before anything changed, and the model is told as an
 observation; the rollout goes on and is scored (the sandbox answers code that runs too
 long this way). Any other exception is an infrastructure failure: the attempt fails

@@ -11,7 +11,7 @@ A workload names its environment in one of three ways, tried in this order:
        [project.entry-points."rollout_journal.environments"]
        notes = "my_envs.notes:NotesEnvironment"
 
-Whatever the way, the class must subclass :class:`~participants.environments.base.Environment`.
+Whatever the way, the class must subclass :class:`~rollout_journal.participants.environments.base.Environment`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The worker's side of a resource server: a client, and environments whose resources live there.
 
-:class:`RemoteEnvironment` is an :class:`~participants.environments.base.Environment` whose
+:class:`RemoteEnvironment` is an :class:`~rollout_journal.participants.environments.base.Environment` whose
 task, tools and resources are hosted by a resource server
 (:mod:`rollout_journal.participants.remote.server`): each step is one HTTP request carrying the
 rollout's attempt, epoch, idempotency key and the revisions it expects. Its resources

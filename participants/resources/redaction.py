@@ -1,7 +1,7 @@
 """Secrets in mutation arguments: what the journal keeps instead of them.
 
 Argument values named in a resource's ``secret_arg_names`` never reach a
-:class:`~participants.resources.MutationRecord`: they are replaced by
+:class:`~rollout_journal.participants.resources.MutationRecord`: they are replaced by
 :func:`redact_secret`, i.e. ``"<redacted:" + sha256(value)[:12] + ">"``.
 Redacting a placeholder returns it unchanged, so live and replayed runs derive
 the same digest.

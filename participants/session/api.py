@@ -895,7 +895,7 @@ class SessionFactory:
         restores them from the journal."""
         for rollout_id, session in list(self.sessions.items()):
             if self.journal.partition_of(rollout_id) in partitions:
-                session.fence(session.epoch + 1, by="the owner that took its partition")
+                session.fence(session.state.next_epoch, by="the owner that took its partition")
                 del self.sessions[rollout_id]
         for rollout_id in [r for r in self._known if self.journal.partition_of(r) in partitions]:
             del self._known[rollout_id]

@@ -167,7 +167,8 @@ DEPLOYMENT_FIELDS = frozenset(
         "request_timeout_s",
     }
 )
-EMBEDDED_MODEL = "tiny-llama-v1"  # the embedded model's identity (participants.tiny_model.BUILDER_VERSION)
+# The embedded model's identity (rollout_journal.participants.model.folders.BUILDER_VERSION).
+EMBEDDED_MODEL = "tiny-llama-v1"
 
 
 def topology_settings(dump: dict[str, Any]) -> dict[str, Any]:

@@ -174,7 +174,7 @@ class Runner:
                     "use `rollout-journal resume` to continue it, or point --journal at a fresh location"
                 )
         own_ids = {s.rollout_id for s in specs}
-        if resume and plan is not None:  # forks of this workload's rollouts continue too (see participants.specs)
+        if resume and plan is not None:  # forks of this workload's rollouts continue too (see specs.fork_specs)
             forks = [f for f in fork_specs(specs, plan.workloads) if f.rollout_id in plan.rollouts]
             if forks and registration is None and not own_ids & plan.rollouts.keys():
                 # A journal of forks only (`fork --journal-out`): the workload's own rollouts live elsewhere.

@@ -31,7 +31,7 @@ or beside a ``run``/``resume`` of another ``--writer``, is refused before it wri
 one line naming who holds the namespace. A restarted ``resume`` with the same ``--writer`` takes
 its static member's place at once; the process it replaced stops (``SlotTakenOverError``).
 
-The rollouts are driven by the same :class:`~participants.runner.Runner` as the file journal's
+The rollouts are driven by the same :class:`~rollout_journal.participants.workload.runner.Runner` as the file journal's
 ``run``: one per workload, admitting and letting go of rollouts as partitions come and go.
 """
 

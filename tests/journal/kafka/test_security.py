@@ -7,7 +7,7 @@ API (what those commands call), to keep the cost low.
 A worker of namespace A is refused on B's topics, transactional ids (a slot's ``NS.<slot>`` and a
 fleet's ``NS.p<N>``) and groups (the readers' and the fleet's ``NS.workers``) with one line
 naming the resource and the operation, exit code 9, and nothing reaches B; a wrong password is
-one line, at once; the minimal ACL set of journal.kafka_access is exactly enough (each of its
+one line, at once; the minimal ACL set of rollout_journal.journal.kafka.access is exactly enough (each of its
 ACLs is needed); and no password appears in a log line, the CLI's output, a repr or the journal.
 """
 

@@ -16,6 +16,9 @@ import pytest
 
 from rollout_journal.journal.errors import RecordLocation
 from rollout_journal.journal.events import (
+    CONTINUATION_EOS_SPLICE,
+    CONTINUATION_EXTEND,
+    CONTINUATION_NEW_SEQUENCE,
     LOGPROB_UNKNOWN,
     AttemptFenced,
     AttemptStarted,
@@ -34,6 +37,7 @@ from rollout_journal.journal.events import (
     RolloutGivenUp,
     SamplingParams,
     Snapshot,
+    TemplateCheck,
     TokenSegment,
     TurnCompleted,
 )
@@ -49,6 +53,7 @@ from rollout_journal.participants.rollout import (
     restore_state,
     snapshot_of,
 )
+from rollout_journal.participants.rollout.effects import model_digest, sampling_json, tool_digest
 from rollout_journal.participants.rollout.lineage import TokenLineage
 from rollout_journal.participants.rollout.state import STATE_MAGIC, _unpacked
 from tests.support.states import assert_same_state
@@ -482,6 +487,129 @@ def test_a_committed_turn_drops_progress_of_a_call_it_did_not_finish() -> None:
     assert state.partial is None
 
 
+# -- model calls: how each continued its parent ------------------------------------------------
+
+
+def test_a_new_sequence_call_closes_the_heads_sequence_and_the_record_keeps_both() -> None:
+    """The template rewrote history: the call starts a sequence of its own (prefix 0), and the
+    head's sequence, labels and logprobs with it, is kept ahead of it in the training record."""
+    r, state = fresh()
+    r.apply(r.call("c0", 0, ids(1, 2), ids(3), lps(-0.5)), r.turn_done())
+    new = dataclasses.replace(
+        r.call("c1", 0, ids(5, 6), ids(7), lps(-0.25), parent="c0"), continuation=CONTINUATION_NEW_SEQUENCE
+    )
+    r.apply(new, r.turn_done(), r.finished())
+
+    assert state.head_tokens.tolist() == [5, 6, 7]
+    assert state.lineage is not None
+    assert state.lineage.closed_ids.tolist() == [1, 2, 3]
+    assert state.lineage.closed_logprobs.tolist() == [0, 0, -0.5]
+    assert state.lineage.closed_segments == [
+        TokenSegment(0, 2, False, 1, 0, "c0", "p0"),
+        TokenSegment(2, 3, True, 1, 0, "c0", "p0", temperature=1.0),
+    ]
+    assert state.lineage.sequence_starts == [3]
+    assert state.lineage.segments == [
+        TokenSegment(0, 2, False, 1, 1, "c1", "p0"),
+        TokenSegment(2, 3, True, 1, 1, "c1", "p0", temperature=1.0),
+    ]
+    assert (state.new_sequences, state.calls_drifted) == (1, 0)  # prefix 0 is no drift on a new sequence
+
+    record = state.training_record(r.header(), group_size=1)
+    assert record.input_ids.tolist() == [1, 2, 3, 5, 6, 7]
+    assert record.loss_mask.tolist() == [False, False, True, False, False, True]
+    assert record.logprobs.tolist() == [0, 0, -0.5, 0, 0, -0.25]
+    assert record.sequence_starts.tolist() == [3] and record.new_sequences == 1
+    assert_same_state(state, RolloutState.from_bytes(state.to_bytes()))  # the closed sequence survives a snapshot
+
+
+def test_a_first_call_marked_new_sequence_closes_nothing() -> None:
+    r, state = fresh()
+    r.apply(dataclasses.replace(r.call("c0", 0, ids(1), ids(2)), continuation=CONTINUATION_NEW_SEQUENCE))
+    assert state.lineage is not None
+    assert state.lineage.closed_ids.tolist() == [] and state.lineage.sequence_starts == []
+    assert state.new_sequences == 1
+
+
+def test_the_counters_say_how_each_call_continued_its_parent_and_a_restart_zeroes_them() -> None:
+    r, state = fresh()
+    r.apply(
+        r.call("c0", 0, ids(1, 2), ids(3)),  # the first: no parent to drift from
+        dataclasses.replace(r.call("c1", 3, ids(4), ids(5), parent="c0"), continuation=CONTINUATION_EXTEND),
+        r.call("c2", 4, ids(6), ids(7), parent="c1"),  # prefix 4 of a 5-token head: the 5 is lost
+        dataclasses.replace(
+            r.call("c3", 6, ids(8), ids(9), parent="c2"),
+            continuation=CONTINUATION_EOS_SPLICE,
+            template_check=TemplateCheck(agrees=False, rendered_turns_differing=1),
+        ),
+        dataclasses.replace(
+            r.call("c4", 0, ids(1), ids(2), parent="c3"),
+            continuation=CONTINUATION_NEW_SEQUENCE,
+            template_check=TemplateCheck(agrees=True),
+        ),
+        r.turn_done(),
+        r.finished(),
+    )
+    counters = ("calls", "calls_drifted", "eos_splices", "new_sequences", "template_mismatch_calls")
+    assert [getattr(state, name) for name in counters] == [5, 1, 1, 1, 1]
+    record = state.training_record(r.header(), group_size=1)
+    assert [getattr(record, name) for name in counters] == [5, 1, 1, 1, 1]
+
+    r.apply(r.start(resumed_from_turn=0))  # a new life: its calls are counted afresh
+    assert [getattr(state, name) for name in counters] == [0, 0, 0, 0, 0]
+
+
+# -- the effect log: every model and tool call of the life, by position --------------------------
+
+
+def test_the_effect_log_holds_each_model_and_tool_call_at_its_turn_and_step() -> None:
+    r, state = fresh()
+    first = dataclasses.replace(r.call("c0", 0, ids(1, 2), ids(3, 4), lps(-0.1, -0.2)), request_sha256="req-0")
+    tool = dataclasses.replace(r.mutation(), idempotency_key=f"{RID}/t0/s1")  # through the session API
+    env_step = r.mutation("r/calendar")  # an in-process environment's step (key .../m0): no effect
+    second = r.call("c1", 4, ids(5), ids(6), parent="c0")  # journaled without a request digest
+    r.apply(first, tool, env_step, second)
+
+    log = state.effects
+    assert log.known and len(log) == 3
+    assert [(e.turn, e.step, e.kind, e.ref) for e in log.all()] == [
+        (0, 0, "model", "c0"),
+        (0, 1, "tool", f"{RID}/t0/s1"),
+        (0, 2, "model", "c1"),
+    ]
+    assert [e.ref for e in log.model_calls()] == ["c0", "c1"]
+
+    made = log.at(0, 0)
+    assert made is not None
+    assert (made.digest, made.attempt, made.prompt_len, made.out_start) == ("req-0", 1, 2, 2)
+    assert made.answer[0].tolist() == [3, 4] and made.answer[1].tolist() == pytest.approx([-0.1, -0.2])
+    assert (made.finish_reason, made.policy_version, made.sampling) == ("stop", "p0", sampling_json(SamplingParams()))
+    assert made.segments == first.output_segments()
+
+    later = log.at(0, 2)
+    assert later is not None  # no digest journaled: the one of its whole prompt and sampling
+    assert later.digest == model_digest(ids(1, 2, 3, 4, 5), SamplingParams())
+    assert (later.prompt_len, later.out_start) == (5, 5)
+
+    called = log.at(0, 1)
+    assert called is not None
+    assert called.digest == tool_digest("r/mail", "send", '{"to":"bob"}')
+    assert (called.resource_id, called.op, called.result_json, called.revision) == ("r/mail", "send", '{"id":7}', 1)
+    assert log.at(0, 3) is None
+
+
+def test_each_turn_counts_its_effects_from_step_zero_and_a_restart_empties_the_log() -> None:
+    r, state = fresh()
+    r.apply(*one_turn(r, "c0"), *one_turn(r, "c1"))
+    assert [(e.turn, e.step, e.ref) for e in state.effects.all()] == [(0, 0, "c0"), (1, 0, "c1")]
+    assert [e.ref for e in state.effects.in_turn(1)] == ["c1"]
+
+    r.apply(r.start(resumed_from_turn=1))  # a resumption keeps the life and its effects
+    assert len(state.effects) == 2
+    r.apply(r.start(resumed_from_turn=0))  # a restart begins a new life
+    assert len(state.effects) == 0 and state.effects.known
+
+
 # -- resource mutations ---------------------------------------------------------------------
 
 
@@ -668,4 +796,19 @@ def test_the_state_comparison_sees_every_field() -> None:
     }.items():
         changed = dataclasses.replace(state, **{name: value})
         with pytest.raises(AssertionError, match=name):
+            assert_same_state(state, changed)
+
+    # Lineages alike in the head's sequence, apart in the sequences closed before it (new_sequence).
+    assert state.lineage is not None
+    head = {"segments": state.lineage.segments, "logprobs": state.lineage.logprobs}
+    closed = TokenLineage(**head)
+    closed.close_sequence(ids(7, 8))
+    for name, value in {
+        "closed_ids": closed.closed_ids,
+        "closed_logprobs": lps(-0.5),
+        "closed_segments": closed.closed_segments,
+        "sequence_starts": [2],
+    }.items():
+        changed = dataclasses.replace(state, lineage=TokenLineage(**head, **{name: value}))
+        with pytest.raises(AssertionError, match=f"lineage.{name}"):
             assert_same_state(state, changed)

@@ -146,6 +146,24 @@ def test_tool_calls_are_mutations_with_revisions_and_a_hash_chain_that_verifies(
     verify_chain("r/counter", records)  # raises if a link does not verify
 
 
+def test_a_session_whose_partition_is_lost_is_fenced_by_the_epoch_the_next_owner_takes(
+    tmp_path: Path, upstream
+) -> None:
+    journal = open_journal(str(tmp_path / "j"))
+    f = factory(journal, upstream)
+
+    async def scenario() -> None:
+        session = await f.open(RolloutRef("r"))
+        await session.model_call(ModelRequest(prompt(0), GREEDY))
+        f.ownership.fenced("another process took the namespace")  # every partition lost at once
+        fenced = "attempt 1 \\(epoch 1\\) was fenced by epoch 2 \\(by the owner that took its partition\\)"
+        with pytest.raises(StaleAttemptError, match=fenced):
+            await session.model_call(ModelRequest(prompt(1), GREEDY))
+
+    asyncio.run(scenario())
+    journal.close()
+
+
 def test_attempt_n_is_fenced_once_n_plus_1_opens(tmp_path: Path, upstream) -> None:
     journal = open_journal(str(tmp_path / "j"))
     f = factory(journal, upstream)
