@@ -29,6 +29,7 @@ from pydantic import (
 from rollout_journal.journal.errors import ConfigurationError
 from rollout_journal.journal.open import is_kafka_url
 from rollout_journal.journal.snapshots import LEGACY_WORKLOAD_PREFIX
+from rollout_journal.participants.model.folders import BUILDER_VERSION
 
 
 class ModelConfig(BaseModel):
@@ -167,8 +168,7 @@ DEPLOYMENT_FIELDS = frozenset(
         "request_timeout_s",
     }
 )
-# The embedded model's identity (rollout_journal.participants.model.folders.BUILDER_VERSION).
-EMBEDDED_MODEL = "tiny-llama-v1"
+EMBEDDED_MODEL = BUILDER_VERSION  # the embedded model's identity, in a topology fingerprint
 
 
 def topology_settings(dump: dict[str, Any]) -> dict[str, Any]:
