@@ -30,7 +30,6 @@ restarted: connection refused or reset), the server's declared recovery decides:
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from collections.abc import Mapping
@@ -42,6 +41,7 @@ from rollout_journal.participants.remote.gateway.errors import (
     ToolReplayDivergedError,
     ToolServerUnavailableError,
 )
+from rollout_journal.participants.remote.gateway.retry import backoff
 from rollout_journal.participants.resources import Recovery
 from rollout_journal.participants.resources.canonical import canonical_json
 from rollout_journal.participants.rollout.effects import Effect, tool_digest
@@ -167,22 +167,23 @@ class ToolGateway:
         self, session: RolloutSession, server: ToolServer, op: str, args: dict[str, Any], ctx: ToolContext
     ) -> ToolOutcome:
         key = (session.rollout_id, server.name)
-        for attempt in range(self.retries + 1):
-            try:
-                live = self._live.get(key)
-                if live is None or live.attempt != ctx.attempt:
-                    live = await self._rebuild(session, server, op, ctx)
-                status, text, content_type, cookies = await self._post(server, op, args, live.cookies)
-            except OSError as exc:  # the server went away: it may have lost every session
-                self._live.pop(key, None)
-                if attempt == self.retries:
-                    raise ToolServerUnavailableError(
-                        server.name, server.url, f"{type(exc).__name__}: {exc}", attempt + 1
-                    ) from exc
-                await asyncio.sleep(self.backoff_s * 2**attempt)
-                continue
-            live.cookies.update(cookies)
-            return ToolOutcome({"status": status, "body": text, "content_type": content_type})
+        try:
+            async for attempt in backoff(f"tool {server.name}.{op}", self.retries, self.backoff_s, OSError):
+                with attempt:
+                    try:
+                        live = self._live.get(key)
+                        if live is None or live.attempt != ctx.attempt:
+                            live = await self._rebuild(session, server, op, ctx)
+                        status, text, content_type, cookies = await self._post(server, op, args, live.cookies)
+                    except OSError:  # the server went away: it may have lost every session
+                        self._live.pop(key, None)
+                        raise
+                    live.cookies.update(cookies)
+                    return ToolOutcome({"status": status, "body": text, "content_type": content_type})
+        except OSError as exc:
+            raise ToolServerUnavailableError(
+                server.name, server.url, f"{type(exc).__name__}: {exc}", self.retries + 1
+            ) from exc
         raise AssertionError("unreachable")
 
     async def _rebuild(self, session: RolloutSession, server: ToolServer, op: str, ctx: ToolContext) -> _Live:

@@ -8,7 +8,8 @@ ask for the sampled token's logprob and its id, and are :class:`GenerationBacken
 gateway's calls go through the same admission gate, progress marks and prefix continuation as
 the project's own agent.
 
-Retries: a connection error, a 429 or a 5xx is retried (``retries`` times, with backoff)
+Retries: a connection error, a 429 or a 5xx is retried (``retries`` times, with the gateway's backoff,
+:mod:`~rollout_journal.participants.remote.gateway.retry`)
 only before the first token; after tokens flowed, a broken stream fails the call (its journaled
 progress lets the next try continue from there). Then :class:`UpstreamUnavailableError` names the
 upstream, the status and the tries; a 4xx is :class:`UpstreamRejectedError` with its message.
@@ -27,9 +28,10 @@ import json
 import logging
 from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
+from tenacity import AsyncRetrying
 
 from rollout_journal.journal.events import LOGPROB_PROCESSED, LOGPROB_RAW, LOGPROB_UNKNOWN
 from rollout_journal.participants.model.folders import policy_version_of
@@ -42,6 +44,7 @@ from rollout_journal.participants.model.generation import (
 )
 from rollout_journal.participants.model.openai_backend import completions_body, generate_body
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
+from rollout_journal.participants.remote.gateway.retry import backoff
 
 __all__ = [
     "CompletionsUpstream",
@@ -82,6 +85,20 @@ class UpstreamRejectedError(BackendError):
     def context_length(self) -> bool:
         text = self.upstream_message.lower()
         return "maximum model length" in text or "context length" in text or "longer than the maximum" in text
+
+
+class _Transient(Exception):
+    """A try that failed in a way worth another (a connection error, a timeout, a 429 or 5xx)."""
+
+    def __init__(self, detail: str, *, status: int | None = None, timeout: bool = False) -> None:
+        super().__init__(detail)
+        self.detail, self.status, self.timeout = detail, status, timeout
+
+    @classmethod
+    def of(cls, exc: Exception) -> _Transient:
+        import httpx
+
+        return cls(f"{type(exc).__name__}: {exc}", timeout=isinstance(exc, httpx.TimeoutException))
 
 
 class UpstreamClient:
@@ -172,90 +189,93 @@ class UpstreamClient:
             yield await self._whole(request, body)
             return
         where = f"upstream {self.url}, call {request.request_id}"
-        last = ""
-        status: int | None = None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self.retried += 1
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-            self.tries += 1
-            started = False
-            try:
-                async with self.client().stream("POST", self.url, json=body) as response:
-                    if response.status_code != 200:
-                        text = (await response.aread()).decode("utf-8", "replace")
-                        status, last = response.status_code, f"HTTP {response.status_code}: {text[:300]}"
-                        if response.status_code in RETRIED_STATUS or response.status_code >= 500:
-                            continue
-                        raise UpstreamRejectedError(self.url, response.status_code, _message(text))
-                    async for line in response.aiter_lines():
-                        if not line.startswith("data:"):
-                            continue
-                        data = line[5:].strip()
-                        if data == "[DONE]":
-                            break
-                        try:
-                            chunk = json.loads(data)
-                        except ValueError:
-                            raise BackendError(f"{where}: a streamed chunk is no JSON: {data[:200]}") from None
-                        if "error" in chunk and "choices" not in chunk:
-                            raise BackendError(f"{where}: the upstream ended the stream with {chunk['error']}")
-                        ids, logprobs, reason = self.tokens_of(chunk, where)
-                        if ids or reason is not None:
-                            started = True
-                            yield TokenChunk(
-                                np.asarray(ids, dtype=np.int32),
-                                np.asarray(logprobs, dtype=np.float32),
-                                _finish(reason, where) if reason is not None else None,
-                            )
-                            if reason is not None:
-                                return
-                raise BackendError(f"{where}: the stream ended without a finish reason")
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                if started:  # tokens were handed on: the call cannot start over silently
-                    raise BackendError(f"{where}: the stream broke after tokens flowed ({last})") from exc
-                if attempt == self.retries:
-                    raise UpstreamUnavailableError(
-                        self.base, last, attempt + 1, timeout=isinstance(exc, httpx.TimeoutException)
-                    ) from exc
-        raise UpstreamUnavailableError(self.base, last, self.retries + 1, status)
+        try:
+            async for attempt in self._tries(where):
+                with attempt:
+                    self.tries += 1
+                    started = False
+                    try:
+                        async with self.client().stream("POST", self.url, json=body) as response:
+                            if response.status_code != 200:
+                                text = (await response.aread()).decode("utf-8", "replace")
+                                self._refused(response.status_code, text)
+                            async for line in response.aiter_lines():
+                                if not line.startswith("data:"):
+                                    continue
+                                data = line[5:].strip()
+                                if data == "[DONE]":
+                                    break
+                                try:
+                                    chunk = json.loads(data)
+                                except ValueError:
+                                    raise BackendError(f"{where}: a streamed chunk is no JSON: {data[:200]}") from None
+                                if "error" in chunk and "choices" not in chunk:
+                                    raise BackendError(f"{where}: the upstream ended the stream with {chunk['error']}")
+                                ids, logprobs, reason = self.tokens_of(chunk, where)
+                                if ids or reason is not None:
+                                    started = True
+                                    yield TokenChunk(
+                                        np.asarray(ids, dtype=np.int32),
+                                        np.asarray(logprobs, dtype=np.float32),
+                                        _finish(reason, where) if reason is not None else None,
+                                    )
+                                    if reason is not None:
+                                        return
+                        raise BackendError(f"{where}: the stream ended without a finish reason")
+                    except (httpx.TimeoutException, httpx.TransportError) as exc:
+                        if started:  # tokens were handed on: the call cannot start over silently
+                            raise BackendError(
+                                f"{where}: the stream broke after tokens flowed ({type(exc).__name__}: {exc})"
+                            ) from exc
+                        raise _Transient.of(exc) from exc
+        except _Transient as exc:
+            raise self._unavailable(exc) from exc.__cause__
 
     async def _whole(self, request: GenerationRequest, body: dict[str, Any]) -> TokenChunk:
         """A non-streaming call, retried as a stream's start is."""
         import httpx
 
         where = f"upstream {self.url}, call {request.request_id}"
-        last, status = "", None
-        for attempt in range(self.retries + 1):
-            if attempt:
-                self.retried += 1
-                await asyncio.sleep(self.backoff_s * 2 ** (attempt - 1))
-            self.tries += 1
-            try:
-                response = await self.client().post(self.url, json=body)
-            except (httpx.TimeoutException, httpx.TransportError) as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                if attempt == self.retries:
-                    raise UpstreamUnavailableError(
-                        self.base, last, attempt + 1, timeout=isinstance(exc, httpx.TimeoutException)
-                    ) from exc
-                continue
-            if response.status_code != 200:
-                status, last = response.status_code, f"HTTP {response.status_code}: {response.text[:300]}"
-                if response.status_code in RETRIED_STATUS or response.status_code >= 500:
-                    continue
-                raise UpstreamRejectedError(self.url, response.status_code, _message(response.text))
-            try:
-                ids, logprobs, reason = self.tokens_of(response.json(), where)
-            except ValueError:
-                raise BackendError(f"{where}: the answer is no JSON: {response.text[:200]}") from None
-            if reason is None:
-                raise BackendError(f"{where}: the answer has no finish reason")
-            return TokenChunk(
-                np.asarray(ids, dtype=np.int32), np.asarray(logprobs, dtype=np.float32), _finish(reason, where)
-            )
-        raise UpstreamUnavailableError(self.base, last, self.retries + 1, status)
+        try:
+            async for attempt in self._tries(where):
+                with attempt:
+                    self.tries += 1
+                    try:
+                        response = await self.client().post(self.url, json=body)
+                    except (httpx.TimeoutException, httpx.TransportError) as exc:
+                        raise _Transient.of(exc) from exc
+                    if response.status_code != 200:
+                        self._refused(response.status_code, response.text)
+        except _Transient as exc:
+            raise self._unavailable(exc) from exc.__cause__
+        try:
+            ids, logprobs, reason = self.tokens_of(response.json(), where)
+        except ValueError:
+            raise BackendError(f"{where}: the answer is no JSON: {response.text[:200]}") from None
+        if reason is None:
+            raise BackendError(f"{where}: the answer has no finish reason")
+        return TokenChunk(
+            np.asarray(ids, dtype=np.int32), np.asarray(logprobs, dtype=np.float32), _finish(reason, where)
+        )
+
+    def _tries(self, where: str) -> AsyncRetrying:
+        """The gateway's retry policy (:func:`~rollout_journal.participants.remote.gateway.retry.backoff`)
+        over :class:`_Transient` failures, counted in ``retried``."""
+
+        def count() -> None:
+            self.retried += 1
+
+        return backoff(where, self.retries, self.backoff_s, _Transient, on_retry=count)
+
+    def _refused(self, status: int, text: str) -> NoReturn:
+        """A non-200 answer: a 429 or 5xx is worth another try, any other a refusal."""
+        if status in RETRIED_STATUS or status >= 500:
+            raise _Transient(f"HTTP {status}: {text[:300]}", status=status)
+        raise UpstreamRejectedError(self.url, status, _message(text))
+
+    def _unavailable(self, last: _Transient) -> UpstreamUnavailableError:
+        """What the last of the ``retries + 1`` tries met, as the call's error."""
+        return UpstreamUnavailableError(self.base, last.detail, self.retries + 1, last.status, timeout=last.timeout)
 
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
