@@ -99,7 +99,9 @@ def run_child_and_kill(
 
 
 def journal_turns(config: WorkloadConfig) -> dict[str, tuple[int, bool]]:
-    """(committed turns, finished) per rollout, as a restore would see them."""
+    """(committed turns, finished) per rollout, as ``replay list`` sees them: on Kafka to the last
+    stable offset, so only where no killed writer's transaction is still open below a later writer's
+    commits (a restore reads past it; see ``test_sigkill_at_random_points_loses_no_committed_turn``)."""
     if "://" not in config.journal and not (Path(config.journal) / "log").exists():
         return {spec.rollout_id: (0, False) for spec in workload_specs(config)}  # killed before it began
     with open_journal(config.journal, writer=f"{config.writer}-inspect", read_only=True) as journal:

@@ -97,11 +97,15 @@ def _crash_trials(journal_location: str, tmp_path: Path, trials: int, seed: int)
                 extra_delay_s=rng.random() * 0.02,
                 progress_path=progress,
             )
-        durable = {rid: n for rid, n in committed_by_progress(progress).items()}
-        in_journal = journal_turns(config)
-        for rid, turns in durable.items():
-            assert in_journal[rid][0] >= turns, f"trial {trial}: {rid} lost a committed turn"
+        durable = committed_by_progress(progress)
         final = run_workload(config, resume=True)
+        # What the final resume's restore found committed, not a reader's view: on Kafka a tool reads
+        # to the last stable offset, which a killed child's open transaction holds back (until the broker
+        # aborts it) below the turns a later child committed after it began; a restore reads past it to
+        # the group's commit points.
+        for rid, turns in durable.items():
+            found = final.rollouts[rid].turns_committed_before
+            assert found >= turns, f"trial {trial}: {rid} lost a committed turn ({turns} durable, {found} restored)"
         assert_identical(final, reference)
         assert_no_mutation_applied_twice(config)
     assert kills >= trials // 2, f"only {kills} SIGKILLs landed in {trials} trials: the workload finished first"
