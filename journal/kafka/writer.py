@@ -46,7 +46,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeGuard
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
@@ -91,6 +91,12 @@ log = logging.getLogger(__name__)
 INIT_TRANSACTIONS_TIMEOUT_S = 60.0  # the first init on a cluster creates __transaction_state
 _ROOT_CAUSE_WAIT_S = 2.0  # bound on waiting for the error that made a producer fatal
 _ACCESS_CHECK_S = 5.0  # bound on asking, after a failed write, whether writing is still granted
+
+
+def retryable(err: KafkaError | None) -> TypeGuard[KafkaError]:
+    """Whether a producer call that failed with ``err`` may simply be called again: a transient
+    error the retry policy names, on a producer that is not fatal (a fatal one needs re-creating)."""
+    return err is not None and not err.fatal() and classify(err, Role.PRODUCER) is Action.RETRY
 
 
 class StagedCommit:
@@ -270,12 +276,7 @@ class KafkaWriter:
             except (KafkaException, SystemError) as raised:
                 exc = unwrapped(raised)
                 err = kafka_error(exc)
-                if (
-                    err is not None
-                    and not err.fatal()
-                    and classify(err, Role.PRODUCER) is Action.RETRY
-                    and retry.wait(err)
-                ):
+                if retryable(err) and retry.wait(err):
                     continue
                 close_client(producer)
                 if err is not None and err.code() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
@@ -372,12 +373,7 @@ class KafkaWriter:
                 except (KafkaException, SystemError) as raised:
                     exc = unwrapped(raised)
                     err = kafka_error(exc)
-                    if (
-                        err is not None
-                        and not err.fatal()
-                        and classify(err, Role.PRODUCER) is Action.RETRY
-                        and not deadline.passed()
-                    ):
+                    if retryable(err) and not deadline.passed():
                         refresh_if_stale(producer, err, topic, max(0.1, min(5.0, deadline.left() / 10)))
                         self._serving_reports(producer, lambda: producer.poll(Retry.FIRST_S), in_txn)
                         continue
@@ -459,12 +455,7 @@ class KafkaWriter:
             except (KafkaException, SystemError) as raised:
                 exc = unwrapped(raised)
                 err = kafka_error(exc)
-                if (
-                    err is not None
-                    and not err.fatal()
-                    and classify(err, Role.PRODUCER) is Action.RETRY
-                    and retry.wait(err)
-                ):
+                if retryable(err) and retry.wait(err):
                     continue
                 where = f"abort_transaction (after: {reason})"
                 if not stop_on_failure:
@@ -501,13 +492,7 @@ class KafkaWriter:
             except (KafkaException, SystemError) as raised:
                 exc = unwrapped(raised)
                 err = kafka_error(exc)
-                if (
-                    err is not None
-                    and not err.fatal()
-                    and not err.txn_requires_abort()
-                    and classify(err, Role.PRODUCER) is Action.RETRY
-                    and retry.wait(err)
-                ):
+                if retryable(err) and not err.txn_requires_abort() and retry.wait(err):
                     continue
                 if err is not None and classify(err, Role.PRODUCER) is Action.RETRY and what == "commit_transaction":
                     self._fail(
@@ -814,7 +799,7 @@ class MemberWriter(KafkaWriter):
                 if err is not None:
                     err = self._root_cause(producer, err)
                 action = classify(err, Role.PRODUCER)
-                if action is Action.RETRY and err is not None and not err.fatal() and retry.wait(err):
+                if retryable(err) and retry.wait(err):
                     continue
                 if action is Action.ABORT and err is not None:
                     self._abort_transaction(producer, reason=f"commit_transaction: {describe(err)}")
@@ -926,8 +911,7 @@ class MemberWriter(KafkaWriter):
                 return
             except (KafkaException, SystemError) as raised:
                 err = kafka_error(unwrapped(raised))
-                transient = err is not None and not err.fatal() and classify(err, Role.PRODUCER) is Action.RETRY
-                if transient and retry.wait(err):
+                if retryable(err) and retry.wait(err):
                     continue
                 self._reinit(f"abort_transaction (after: {reason}) failed: {describe(err) if err else raised!r}")
                 return
