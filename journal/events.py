@@ -11,7 +11,7 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar, Union, get_args
 
 import numpy as np
 
@@ -558,19 +558,7 @@ RolloutEvent = Union[
 ]
 Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory, TrainingRecord]
 
-ROLLOUT_EVENT_TYPES: tuple[type, ...] = (
-    AttemptStarted,
-    AttemptFenced,
-    ModelCall,
-    ModelCallProgress,
-    ResourceMutation,
-    TurnCompleted,
-    RolloutFinished,
-    RolloutFailed,
-    RolloutGivenUp,
-    RolloutAcknowledged,
-    HeadCheckpoint,
-)
+ROLLOUT_EVENT_TYPES: tuple[type, ...] = get_args(RolloutEvent)
 """What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
 BlobChunk, WorkloadRegistered or FenceHistory found there is a foreign record."""
 

@@ -7,34 +7,41 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.support.paths import REPO_ROOT
 
 
+def bench_report(script: str, *args: str, timeout_s: float, env: dict[str, str] | None = None) -> Any:
+    """``bench/<script> --json ARGS`` run as a user runs it (its own process, tiny sizes): its
+    JSON report; a failed run shows the end of its stderr."""
+    done = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "bench" / script), "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
 @pytest.mark.slow
 @pytest.mark.kafka
 def test_journal_throughput_reports_its_ratio(kafka_bootstrap: str) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "journal_throughput.py"),
-            "--json",
-            "--rounds",
-            "1",
-            "--rollouts",
-            "5",
-            "--turns",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    report = bench_report(
+        "journal_throughput.py",
+        "--rounds",
+        "1",
+        "--rollouts",
+        "5",
+        "--turns",
+        "2",
+        timeout_s=300,
         env=os.environ | {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
     assert report["events"] == 5 * 2 * 3
     for key in ("journal_events_per_s", "raw_producer_events_per_s", "ratio", "commit_p50_ms", "commit_p99_ms"):
         assert report[key] > 0
@@ -127,31 +134,23 @@ def test_signing_cost_reports_per_checkpoint_and_end_to_end(tmp_path: Path) -> N
 
 @pytest.mark.kafka
 def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "replay_scan.py"),
-            "--json",
-            "--events",
-            "1200",
-            "--rollouts",
-            "20",
-            "--growth",
-            "4",
-            "--rounds",
-            "1",
-            "--prompt-delta",
-            "64",
-            "--output",
-            "16",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    report = bench_report(
+        "replay_scan.py",
+        "--events",
+        "1200",
+        "--rollouts",
+        "20",
+        "--growth",
+        "4",
+        "--rounds",
+        "1",
+        "--prompt-delta",
+        "64",
+        "--output",
+        "16",
+        timeout_s=300,
         env=os.environ | {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
     assert report["journals"]["large"]["events"] == 20 * (1 + 3 * 19)
     assert report["journals"]["small"]["events"] == 20 * (1 + 3 * 4)
     for key in ("raw_events_per_s", "list_events_per_s", "ratio", "serial_ratio"):
@@ -165,29 +164,21 @@ def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
 @pytest.mark.slow
 def test_services_reports_the_http_ratio_and_the_pauses() -> None:
     """Resource servers as processes, tiny sizes: the figures the docs quote are there."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "services.py"),
-            "--json",
-            "--rounds",
-            "1",
-            "--groups",
-            "2",
-            "--siblings",
-            "1",
-            "--turns",
-            "3",
-            "--only",
-            "throughput,pause",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    report = bench_report(
+        "services.py",
+        "--rounds",
+        "1",
+        "--groups",
+        "2",
+        "--siblings",
+        "1",
+        "--turns",
+        "3",
+        "--only",
+        "throughput,pause",
+        timeout_s=600,
         env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
     for key in ("http_vs_inprocess_ratio", "turns_per_s_http", "turns_per_s_inprocess", "pause_p50_ms", "pause_p99_ms"):
         assert report[key] > 0, key
     assert report["pause_checkpoints"] > 0
@@ -199,32 +190,23 @@ def test_prefix_recovery_counts_what_the_resume_generated() -> None:
     throughput round: the regenerated tokens are what the lineage shows the resume generated at
     positions the killed call had reached (the prefix kept is exactly the journaled progress),
     and the continued output equals the uninterrupted one."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "prefix_recovery.py"),
-            "--json",
-            "--crashes",
-            "1",
-            "--rounds",
-            "1",
-            "--tokens",
-            "96",
-            "--every",
-            "16",
-            "--rollouts",
-            "2",
-            "--turns",
-            "2",
-        ],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    report = bench_report(
+        "prefix_recovery.py",
+        "--crashes",
+        "1",
+        "--rounds",
+        "1",
+        "--tokens",
+        "96",
+        "--every",
+        "16",
+        "--rollouts",
+        "2",
+        "--turns",
+        "2",
+        timeout_s=600,
         env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
     assert report["crashes"] == 1 and report["progress_every_tokens"] == 16
     with_prefix, without = report["trials"]["with_prefix"], report["trials"]["without_prefix"]
     assert len(with_prefix) == len(without) == 1
@@ -253,27 +235,19 @@ def test_prefix_recovery_counts_what_the_resume_generated() -> None:
 @pytest.mark.kafka
 def test_services_reports_the_results_read_ratio(kafka_bootstrap: str) -> None:
     """The trainer's feed and a raw consumer read the same results topic in one run."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "services.py"),
-            "--json",
-            "--rounds",
-            "1",
-            "--only",
-            "results",
-            "--results-records",
-            "40",
-            "--results-tokens",
-            "64",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    report = bench_report(
+        "services.py",
+        "--rounds",
+        "1",
+        "--only",
+        "results",
+        "--results-records",
+        "40",
+        "--results-tokens",
+        "64",
+        timeout_s=300,
         env=os.environ | {"PYTHONPATH": str(REPO_ROOT), "KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
     assert report["results_records"] == 40
     for key in (
         "results_read_ratio",
@@ -285,24 +259,16 @@ def test_services_reports_the_results_read_ratio(kafka_bootstrap: str) -> None:
 
 
 def test_snapshot_state_reports_both_layouts() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "snapshot_state.py"),
-            "--json",
-            "--turns",
-            "2",
-            "--rounds",
-            "2",
-            "--repeat",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)["turns_2"]
+    report = bench_report(
+        "snapshot_state.py",
+        "--turns",
+        "2",
+        "--rounds",
+        "2",
+        "--repeat",
+        "2",
+        timeout_s=300,
+    )["turns_2"]
     assert report["head_tokens"] > 0 and report["bytes"] > 0 and report["earlier_bytes"] > 0
     for key in ("to_bytes_ms", "from_bytes_ms", "earlier_from_bytes_ms", "read_speedup"):
         assert report[key] > 0
@@ -314,15 +280,14 @@ def test_snapshot_state_reports_both_layouts() -> None:
 @pytest.mark.timeout(1800)
 def test_fleet_reports_its_failover_handoff_and_race_figures(kafka_bootstrap: str) -> None:
     """bench/fleet.py --smoke on the session's broker: every figure is there, the counters are zero."""
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "fleet.py"), "--json", "--smoke", "--bootstrap", kafka_bootstrap],
-        capture_output=True,
-        text=True,
-        timeout=1700,
+    report = bench_report(
+        "fleet.py",
+        "--smoke",
+        "--bootstrap",
+        kafka_bootstrap,
+        timeout_s=1700,
         env={k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"},
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
     for key in ("failover_seconds", "handoff_seconds_p99", "broker_kills_survived", "session_timeout_seconds"):
         assert key in report, key
     assert report["handoff_moves"] > 0 and report["handoff_seconds_p99"] is not None
@@ -333,24 +298,16 @@ def test_fleet_reports_its_failover_handoff_and_race_figures(kafka_bootstrap: st
 
 @pytest.mark.slow
 def test_training_data_reports_every_figure_per_backend() -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "training_data.py"),
-            "--json",
-            "--backends",
-            "torch-constrained,torch-reasoning",
-            "--groups",
-            "1",
-            "--turns",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    report = bench_report(
+        "training_data.py",
+        "--backends",
+        "torch-constrained,torch-reasoning",
+        "--groups",
+        "1",
+        "--turns",
+        "2",
+        timeout_s=600,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)
     assert set(report["backends"]) == {"torch-constrained", "torch-reasoning"}
     for row in report["backends"].values():
         for key in ("calls", "calls_drifted", "sampled_tokens", "sampled_tokens_in_loss_mask", "logprob_max_abs_error"):
@@ -361,13 +318,18 @@ def test_training_data_reports_every_figure_per_backend() -> None:
 
 @pytest.mark.slow
 def test_the_gateway_bench_reports_its_ratio_against_the_fixed_rate_upstream() -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "gateway.py"), "--json", "--quick", "--skip-vllm", "--skip-peer",
-         "--skip-drill", "--tokens", "16", "--rate", "0"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    report = json.loads(done.stdout)["upstream_fixed_rate"]
+    report = bench_report(
+        "gateway.py",
+        "--quick",
+        "--skip-vllm",
+        "--skip-peer",
+        "--skip-drill",
+        "--tokens",
+        "16",
+        "--rate",
+        "0",
+        timeout_s=600,
+    )["upstream_fixed_rate"]
     assert report["overhead_ratio"] > 0 and report["completions_per_s_gateway"] > 0
     assert len(report["rounds"]["gateway"]) == 1 and report["rounds"]["gateway"][0]["completions"] == 8 * 4
 
@@ -376,26 +338,18 @@ def test_the_gateway_bench_reports_its_ratio_against_the_fixed_rate_upstream() -
 @pytest.mark.kafka
 @pytest.mark.timeout(600)
 def test_idle_requests_reports_a_rate_per_partition_count_and_their_ratio(kafka_bootstrap: str) -> None:
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(REPO_ROOT / "bench" / "idle_requests.py"),
-            "--json",
-            "--bootstrap",
-            kafka_bootstrap,
-            "--partitions",
-            "2,4",
-            "--window-s",
-            "2",
-            "--settle-s",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=500,
+    report = bench_report(
+        "idle_requests.py",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--partitions",
+        "2,4",
+        "--window-s",
+        "2",
+        "--settle-s",
+        "0",
+        timeout_s=500,
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
     for partitions in (2, 4):
         assert report[f"idle_requests_per_s_{partitions}_partitions"] > 0  # at least the group's heartbeats
     assert report["idle_requests_ratio_4_vs_2"] > 0
@@ -405,13 +359,18 @@ def test_idle_requests_reports_a_rate_per_partition_count_and_their_ratio(kafka_
 @pytest.mark.kafka
 @pytest.mark.timeout(600)
 def test_commit_interval_counts_the_worker_s_transactions_both_ways(kafka_bootstrap: str) -> None:
-    done = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "bench" / "commit_interval.py"), "--json", "--bootstrap", kafka_bootstrap,
-         "--reps", "1", "--rollouts", "4", "--turns", "2"],
-        capture_output=True, text=True, timeout=500,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = bench_report(
+        "commit_interval.py",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--reps",
+        "1",
+        "--rollouts",
+        "4",
+        "--turns",
+        "2",
+        timeout_s=500,
+    )
     for setting in ("without", "with"):
         (run,) = report["runs"][setting]
         assert run["turns"] == 4 * 2 and run["transactions"] > 0  # counted by the worker, not assumed
