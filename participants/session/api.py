@@ -582,7 +582,7 @@ class RolloutSession:
         if isinstance(route, Moving):
             raise OwnerMovingError(self.rollout_id, route.retry_after_s)
         if not isinstance(route, Local):
-            raise NotOwnerError(self.rollout_id, route.base_url)
+            raise NotOwnerError(self.rollout_id, route.base_url, route.member)
 
     def _check_live(self, now: RequestSummary) -> None:
         """The cursor is past the journal: an effect here goes live, if the rollout takes one."""
@@ -821,7 +821,7 @@ class SessionFactory:
         if isinstance(route, Moving):
             raise OwnerMovingError(rollout_id, route.retry_after_s)
         if not isinstance(route, Local):
-            raise NotOwnerError(rollout_id, route.base_url)
+            raise NotOwnerError(rollout_id, route.base_url, route.member)
         if rollout_id in self._acknowledged:
             raise RolloutFinishedError(rollout_id, 0, None)
         state = self.state_of(rollout_id)

@@ -130,11 +130,23 @@ class RolloutNotFoundError(SessionError):
 class NotOwnerError(SessionError):
     """Another process owns the rollout's partition: only it writes the rollout."""
 
-    def __init__(self, rollout_id: str, owner_url: str | None) -> None:
-        where = f"at {owner_url}" if owner_url else "elsewhere (its address is unknown here)"
-        super().__init__(f"rollout {rollout_id} is owned by another writer {where}; send its requests there")
+    def __init__(self, rollout_id: str, owner_url: str | None, owner_member: str = "") -> None:
+        if owner_url:
+            where = f"at {owner_url}; send its requests there"
+        elif owner_member:
+            # A group member that advertises no address is a fleet worker (or run/resume): it serves
+            # no HTTP, and drives only the rollouts of the workloads it runs.
+            where = (
+                f"{owner_member}, a group member that serves no HTTP (a fleet worker, or run/resume): "
+                "rollouts an agent drives through gateways need a namespace of their own, not one "
+                "shared with workers"
+            )
+        else:
+            where = "elsewhere (its address is unknown here); send its requests there"
+        super().__init__(f"rollout {rollout_id} is owned by another writer {where}")
         self.rollout_id = rollout_id
         self.owner_url = owner_url
+        self.owner_member = owner_member
 
 
 class OwnerMovingError(SessionError):

@@ -230,7 +230,7 @@ class Gateway:
         if isinstance(route, Moving):
             return OwnerMovingError(rollout, route.retry_after_s)
         if isinstance(route, Remote):
-            return NotOwnerError(rollout, route.base_url)
+            return NotOwnerError(rollout, route.base_url, route.member)
         return exc
 
     def _route(self, request: Request, path: str) -> tuple[str, str]:

@@ -102,7 +102,7 @@ def _classify(exc: BaseException) -> tuple[int, str, dict[str, Any], dict[str, s
     if isinstance(exc, RolloutNotFoundError):
         return 404, "unknown_rollout", {}, None
     if isinstance(exc, NotOwnerError):
-        return 421, "not_owner", {"owner": exc.owner_url}, None
+        return 421, "not_owner", {"owner": exc.owner_url, "owner_member": exc.owner_member or None}, None
     if isinstance(exc, OwnerMovingError):
         return 503, "owner_moving", {}, {"Retry-After": f"{max(1, round(exc.retry_after_s))}"}
     if isinstance(exc, EffectNotDurableError):

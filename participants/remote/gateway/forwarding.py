@@ -52,7 +52,7 @@ class Forwarder:
         """The owner's answer to ``request``; ``NotOwnerError`` (421, naming the owner) when it was
         forwarded here already or the owner cannot be reached."""
         if route.base_url is None or request.headers.get(FORWARDED_BY):
-            raise NotOwnerError(rollout, route.base_url)
+            raise NotOwnerError(rollout, route.base_url, route.member)
         headers = [(k, v) for k, v in request.headers.items() if k.lower() not in _NOT_PASSED]
         headers.append((FORWARDED_BY, self.name))
         url = route.base_url.rstrip("/") + request.url.path
@@ -64,7 +64,7 @@ class Forwarder:
             answer = await client.send(sent, stream=True)
         except httpx.TransportError as exc:
             log.warning("rollout %s: owner %s at %s unreachable: %s", rollout, route.member, route.base_url, exc)
-            raise NotOwnerError(rollout, route.base_url) from None
+            raise NotOwnerError(rollout, route.base_url, route.member) from None
         passed = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_PASSED}
         return StreamingResponse(
             answer.aiter_raw(), status_code=answer.status_code, headers=passed, background=BackgroundTask(answer.aclose)
