@@ -14,8 +14,9 @@
 - ``crash_drill``: a verifiers job through the gateway, SIGKILLed after its first episode and a call
   of the second, run again (``tests/support/verifiers_drill.py``).
 
-Ratios are of medians over interleaved repetitions (direct, gateway, direct, gateway, ...): the
-machine is shared and noisy. Absolute figures do not compare across machines.
+Each ratio is the median of the per-round ratios over interleaved repetitions (direct, gateway,
+direct, gateway, ...), so it need not equal the quotient of the medians of completions/s printed
+beside it: the machine is shared and noisy. Absolute figures do not compare across machines.
 """
 
 from __future__ import annotations
@@ -88,10 +89,16 @@ def measure(upstream: str, gateway: str, *, streams: int, turns: int, max_tokens
     }
 
 
+def skipped(why: str) -> dict[str, Any]:
+    """A section that cannot run here: said on stderr too, not only in the JSON."""
+    print(f"bench/gateway.py: section skipped: {why}", file=sys.stderr, flush=True)
+    return {"skipped": why}
+
+
 def peer(upstream: str, *, streams: int, turns: int, max_tokens: int, reps: int) -> dict[str, Any]:
     python = ROOT / ".venv-verifiers" / "bin" / "python"
     if not python.exists():
-        return {"skipped": "build .venv-verifiers first: make venv-verifiers"}
+        return skipped("build .venv-verifiers first: make venv-verifiers")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = subprocess.run(
         [str(python), str(ROOT / "bench/support/verifiers_peer.py"), upstream, str(streams), str(turns), str(max_tokens),
@@ -117,7 +124,7 @@ def peer(upstream: str, *, streams: int, turns: int, max_tokens: int, reps: int)
 
 def drill(upstream: str, work: Path, *, logprobs: str = "probe") -> dict[str, Any]:
     if not (ROOT / ".venv-verifiers" / "bin" / "python").exists():
-        return {"skipped": "build .venv-verifiers first: make venv-verifiers"}
+        return skipped("build .venv-verifiers first: make venv-verifiers")
     from rollout_journal.participants.remote.gateway import GatewayConfig, GatewayServer
     from tests.support.verifiers_drill import crash_drill
 

@@ -41,6 +41,7 @@ def main() -> int:
             "prefix_recovery.py", *(["--crashes", "2", "--rounds", "3", "--tokens", "192"] if args.quick else [])
         ),
         "training_data": run("training_data.py", *(["--groups", "1", "--turns", "2"] if args.quick else [])),
+        "gateway": run("gateway.py", *(["--quick"] if args.quick else [])),
     }
     print(json.dumps(report, indent=2))
     return 0
