@@ -38,7 +38,13 @@ class WorkerMetrics:
       left this worker nothing);
     - ``rj_restore_seconds``: per partition taken, from its assignment to its rollouts admitted;
     - ``rj_rebalances_total{kind=assigned|revoked|lost}``: membership changes seen here;
-    - ``rj_fenced_appends_total``: appends refused because their partition or epoch moved on.
+    - ``rj_fenced_appends_total``: appends refused because their partition or epoch moved on;
+    - ``rj_results_awaiting_trainer``: the trainer's lag on the results stream, as this worker sees
+      it: rollouts on its owned partitions whose training record is there (finished, or given up)
+      and whose acknowledgement is not yet applied and durable here;
+      ``rj_oldest_result_awaiting_trainer_seconds``: how long the oldest of them has waited since
+      this worker learned of it (its finish here, or the take that restored it finished); 0 when
+      none waits. Both are read at each scrape (:meth:`watch_awaiting_trainer`).
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -74,6 +80,18 @@ class WorkerMetrics:
         self.fenced = Counter(
             "rj_fenced_appends", "Appends refused: their partition or their rollout's epoch moved on", registry=r
         )
+        self.awaiting_trainer = Gauge(
+            "rj_results_awaiting_trainer",
+            "Rollouts on owned partitions whose training record (finished or given up) is on the results "
+            "stream and whose trainer acknowledgement is not yet applied here",
+            registry=r,
+        )
+        self.oldest_awaiting_trainer = Gauge(
+            "rj_oldest_result_awaiting_trainer_seconds",
+            "Age of the oldest result awaiting the trainer, since this worker learned of it (its finish here, "
+            "or the take that restored it finished); 0 when none waits",
+            registry=r,
+        )
 
     # -- the journal's (JournalMetrics) ---------------------------------------------------------
 
@@ -104,6 +122,13 @@ class WorkerMetrics:
     def watch_owned(self, count: Callable[[], int]) -> None:
         """``rj_owned_partitions`` reads ``count()`` at each scrape."""
         self.owned.set_function(lambda: float(count()))
+
+    def watch_awaiting_trainer(self, count: Callable[[], int], oldest_seconds: Callable[[], float]) -> None:
+        """``rj_results_awaiting_trainer`` reads ``count()`` and
+        ``rj_oldest_result_awaiting_trainer_seconds`` reads ``oldest_seconds()`` at each scrape (on the
+        endpoint's thread: both must be safe to call from there)."""
+        self.awaiting_trainer.set_function(lambda: float(count()))
+        self.oldest_awaiting_trainer.set_function(oldest_seconds)
 
     def serve(self, port: int, address: str = "0.0.0.0") -> Callable[[], None]:
         """Serve ``/metrics`` on ``address:port`` (a thread of its own); returns what stops it."""

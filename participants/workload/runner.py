@@ -73,6 +73,7 @@ log = logging.getLogger(__name__)
 
 
 ProgressCallback = Callable[[str, int], None]  # (rollout_id, turn) once that turn is durable
+ResultCallback = Callable[[str], None]  # (rollout_id) once its training record is on the results stream
 
 
 def taken_over(exc: BaseException) -> bool:
@@ -90,6 +91,7 @@ class Runner:
         tokenizer: ChatTokenizer,
         *,
         progress: ProgressCallback | None = None,
+        on_result: ResultCallback | None = None,
         hold_until_acknowledged: bool = False,
         signer: HeadSigner | None = None,
         topology_override: str | None = None,
@@ -103,13 +105,17 @@ class Runner:
         each resumed attempt. ``fleet`` (a fleet's worker, which admits and releases rollouts as
         partitions come and go): a rollout whose partition another worker took over (its appends
         refused as fenced) is dropped alone, where a single process stops, since its whole slot
-        was taken; and a rollout that is done is let go at once (its environment closed)."""
+        was taken; and a rollout that is done is let go at once (its environment closed).
+        ``on_result(rollout_id)``: on the event loop, once the rollout's training record (finished or
+        given up) is durable on the results stream: its final turn committed, or its give-up
+        journaled, here; or found so in the journal by :meth:`admit` (a fork publishes none)."""
         self.config = config
         self.topology_override = topology_override
         self.journal = journal
         self.model = ModelParticipant(backend, max_in_flight=config.model.max_concurrent_calls)
         sink = JournalSink(journal) if journal is not None and config.journaling else NullSink()
         self.progress = progress or (lambda rollout_id, turn: None)
+        self.on_result = on_result or (lambda rollout_id: None)
         self.agent = Agent(
             config, self.model, tokenizer, sink, writer=config.writer, on_durable=self.progress, signer=signer
         )
@@ -224,6 +230,7 @@ class Runner:
         override = self.restorer.topology_check(registration, [state for _, state in restored.values()])
         first_commits: list[tuple[str, Awaitable[None]]] = []
         admitted: list[LiveRollout] = []
+        published: list[RolloutSpec] = []  # finished or given up before: their records are on the stream
         for spec in specs:
             history = histories.get(spec.rollout_id)
             if spec.rollout_id in report.rollouts and report.rollouts[spec.rollout_id].set_aside:
@@ -242,7 +249,9 @@ class Runner:
                     admission = self.restorer.resume(spec, *restored[spec.rollout_id], override, report, self.restore)
                     live, rollout_report, commit = admission.live, admission.report, admission.commit
                     if admission.give_up is not None:
-                        commit = self._give_up(spec, admission.give_up)
+                        commit = self._give_up(spec, admission.give_up)  # told once durable, there
+                    elif live is None and (rollout_report.reused_result or rollout_report.given_up is not None):
+                        published.append(spec)
             except (StateFoldError, ResourceError) as exc:  # this rollout's journal is damaged: it alone waits
                 set_aside(report, spec, exc)
                 continue
@@ -270,6 +279,8 @@ class Runner:
             log.info("rollout %s: taken over by another worker before its first commit: %s", rollout_id, error)
             self.dropped[rollout_id] = str(error)
             self._forget(rollout_id)
+        for spec in published:
+            self._published(spec)
         return [live for live in admitted if live.spec.rollout_id not in failed]
 
     def launch(self, live: LiveRollout, limit: int | None = None) -> None:
@@ -311,6 +322,8 @@ class Runner:
                 return
             finally:
                 self._driving.discard(rollout_id)
+        if live.state.finished:  # settled: its final turn, and the training record with it, durable
+            self._published(live.spec)
         if live.state.finished and self.hold_until_acknowledged and rollout_id not in self._stopping:
             await live.acknowledged.wait()
         if rollout_id not in self._stopping:
@@ -352,6 +365,7 @@ class Runner:
         if policy == "redispatch":
             await self._redispatch(spec.group_id)
         await durable(self.agent.give_up(spec, state, policy))
+        self._published(spec)
 
     def _group_policy(self, spec: RolloutSpec) -> str:
         """What the trainer's side does with the group of ``spec`` given up: the workload's
@@ -361,6 +375,12 @@ class Runner:
         if policy.group == "drop" or spec.forked_from is not None or self.fleet:
             return "drop"
         return "redispatch" if group_generation(spec.group_id)[1] < policy.max_redispatches else "drop"
+
+    def _published(self, spec: RolloutSpec) -> None:
+        """The rollout's training record is durable on the results stream: tell ``on_result`` (a
+        fork publishes none, nor does a run that journals nothing)."""
+        if spec.forked_from is None and self.journal is not None and self.config.journaling:
+            self.on_result(spec.rollout_id)
 
     async def _redispatch(self, group_id: str) -> None:
         """Record the replacement of ``group_id`` (the next generation of its prompt group) in the

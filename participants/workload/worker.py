@@ -40,8 +40,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from rollout_journal.journal.anchoring import HeadSigner
@@ -171,6 +172,50 @@ class _Workload:
     stop_after: dict[str, int] = field(default_factory=dict)  # leave these rollouts after that many turns
 
 
+class AwaitingTrainer:
+    """Rollouts on a worker's owned partitions whose training record is on the results stream
+    (finished, or given up) and whose acknowledgement by the trainer is not yet applied and durable:
+    rollout id -> (partition, since), ``since`` (monotonic) when this worker learned of it (its
+    finish or give-up here, or the take that restored it so). Changed on the event loop (and by an
+    acknowledgement's commit callback), read by the metrics endpoint's thread: under a lock."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._waiting: dict[str, tuple[int, float]] = {}
+        # acknowledged before this worker counted them (a take's admission still under way while its
+        # partition's acknowledgements apply): not counted when they come (rollout id -> partition)
+        self._early: dict[str, int] = {}
+
+    def add(self, rollout_id: str, partition: int) -> None:
+        with self._lock:
+            if self._early.pop(rollout_id, None) is None:
+                self._waiting.setdefault(rollout_id, (partition, self._clock()))
+
+    def acknowledged(self, rollout_id: str, partition: int) -> None:
+        """The trainer's acknowledgement of it is applied and durable."""
+        with self._lock:
+            if self._waiting.pop(rollout_id, None) is None:
+                self._early[rollout_id] = partition
+
+    def let_go(self, partitions: Iterable[int]) -> None:
+        """Revoked or lost: their next owner counts them."""
+        gone = set(partitions)
+        with self._lock:
+            self._waiting = {rid: entry for rid, entry in self._waiting.items() if entry[0] not in gone}
+            self._early = {rid: p for rid, p in self._early.items() if p not in gone}
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self._waiting)
+
+    def oldest_seconds(self) -> float:
+        """How long the oldest has waited; 0 when none waits."""
+        with self._lock:
+            oldest = min((since for _, since in self._waiting.values()), default=None)
+        return 0.0 if oldest is None else max(0.0, self._clock() - oldest)
+
+
 @dataclass(frozen=True)
 class FixedWorkload:
     """A workload a member drives until it is done (``run``/``resume``), instead of following
@@ -246,6 +291,8 @@ class FleetWorker:
         self._checked_others = 0.0
         self.metrics = WorkerMetrics()
         self.metrics.watch_owned(lambda: len(self.owned))
+        self.awaiting_trainer = AwaitingTrainer()
+        self.metrics.watch_awaiting_trainer(self.awaiting_trainer.count, self.awaiting_trainer.oldest_seconds)
         self.metrics_port = metrics_port
         self._counting_members: asyncio.Task[None] | None = None
 
@@ -401,12 +448,19 @@ class FleetWorker:
             self.metrics.turn_committed()
             self.on_turn(rollout_id, turn)
 
+        def published(rollout_id: str) -> None:  # its training record is on the results stream
+            assert self._journal is not None
+            partition = self._journal.partition_of(rollout_id)
+            if partition in self.owned:  # else let go meanwhile: its next owner counts it
+                self.awaiting_trainer.add(rollout_id, partition)
+
         return Runner(
             config,
             self._journal,
             backend,
             backend.tokenizer,
             progress=durable,
+            on_result=published,
             signer=self._signer,
             topology_override=override,
             fleet=True,
@@ -513,10 +567,14 @@ class FleetWorker:
                     self.on_event(f"acknowledged {stored.key}")
 
                     def durable(
-                        future: concurrent.futures.Future[AppendReceipt], p: int = partition, o: int = after
+                        future: concurrent.futures.Future[AppendReceipt],
+                        p: int = partition,
+                        o: int = after,
+                        rollout_id: str = stored.key,  # acknowledgements are keyed by rollout
                     ) -> None:
                         if future.exception() is None:
                             backend.acknowledgement_applied(p, o)  # type: ignore[attr-defined]
+                            self.awaiting_trainer.acknowledged(rollout_id, p)
 
                     applied.add_done_callback(durable)
         finally:
@@ -694,6 +752,7 @@ class FleetWorker:
                 take.cancel()
         mine = [p for p in partitions if p in self.owned]
         self.owned.difference_update(partitions)
+        self.awaiting_trainer.let_go(partitions)  # with ``owned``: nothing of these is counted again
         dropped = 0
         why = "its partition was lost" if lost else "its partition was revoked (handed on mid-turn)"
         for workload in self.workloads.values():

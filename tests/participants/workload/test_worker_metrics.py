@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from rollout_journal.journal.open import open_backend, open_journal
+from rollout_journal.participants.trainer import TrainerFeed
 from rollout_journal.participants.workload.config import WorkloadConfig
+from rollout_journal.participants.workload.worker import AwaitingTrainer
 from rollout_journal.replay.cli.main import main
 from tests.support.fleet_support import (
     every_turn_reported,
@@ -56,7 +59,8 @@ def test_a_worker_s_endpoint_counts_every_committed_turn_and_owned_partition(
     kafka_bootstrap: str, kafka_namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """One worker, four partitions, 4 rollouts x 3 turns: once every turn is durable the endpoint
-    says 12 turns, 4 partitions owned and restored, one assignment, nothing fenced."""
+    says 12 turns, 4 partitions owned and restored, one assignment, nothing fenced, and 4 results
+    awaiting the trainer; once a trainer has taken both groups and acknowledged them, none."""
     monkeypatch.delenv("KAFKA_BOOTSTRAP_SERVERS", raising=False)
     url = f"kafka://{kafka_bootstrap}/{kafka_namespace}?partitions=4"
     settings = dict(
@@ -78,6 +82,21 @@ def test_a_worker_s_endpoint_counts_every_committed_turn_and_owned_partition(
         wait_for(lambda: len(worker.seen("takeover-seconds ")) == 4, 60, "every partition taken", [worker])
         metrics = scrape(port)
         committed = worker.committed()
+        # the final turns' commits carried the training records: the trainer's lag is all 4 of them
+        wait_for(lambda: scrape(port)["rj_results_awaiting_trainer"] == 4, 60, "4 results awaiting", [worker])
+        assert scrape(port)["rj_oldest_result_awaiting_trainer_seconds"] > 0
+        acknowledger = open_journal(url, mode="plain", writer="trainer")
+        try:
+            with TrainerFeed(open_backend(url, read_only=True), acknowledger=acknowledger) as feed:
+                groups = list(feed.groups(limit=2, idle_timeout_s=120))
+                for group in groups:
+                    for future in feed.acknowledge(group):
+                        future.result()
+        finally:
+            acknowledger.close()
+        assert len(groups) == 2
+        wait_for(lambda: scrape(port)["rj_results_awaiting_trainer"] == 0, 120, "every result acknowledged", [worker])
+        lag = scrape(port)
     finally:
         assert worker.stop() == 0, worker.stderr()[-3000:]
     assert worker.seen(f"metrics-serving {port}")
@@ -94,6 +113,32 @@ def test_a_worker_s_endpoint_counts_every_committed_turn_and_owned_partition(
     assert 1 <= metrics["rj_commit_seconds_count"] <= metrics["rj_transactions_total"]
     assert metrics["rj_transaction_reinits_total"] == 0
     assert worker.report()["turns_run"] == 12
+    assert lag["rj_oldest_result_awaiting_trainer_seconds"] == 0
+    assert len(worker.seen("acknowledged ")) == 4  # each applied once, by this worker
+
+
+def test_results_awaiting_the_trainer_are_counted_until_acknowledged_or_let_go() -> None:
+    """What the two lag gauges read: a result counts from when the worker learned of it until its
+    acknowledgement is durable, or its partition goes; one acknowledged before the worker counted
+    it (a take still admitting) is never counted."""
+    now = [100.0]
+    awaiting = AwaitingTrainer(clock=lambda: now[0])
+    assert (awaiting.count(), awaiting.oldest_seconds()) == (0, 0.0)
+    awaiting.add("a", 0)
+    now[0] = 103.0
+    awaiting.add("b", 1)
+    awaiting.add("a", 0)  # told again: it waits since the first time
+    now[0] = 110.0
+    assert (awaiting.count(), awaiting.oldest_seconds()) == (2, 10.0)
+    awaiting.acknowledged("a", 0)
+    assert (awaiting.count(), awaiting.oldest_seconds()) == (1, 7.0)
+    awaiting.acknowledged("c", 2)  # before the take that restores it finished counted it
+    awaiting.add("c", 2)
+    awaiting.add("d", 2)
+    awaiting.let_go([1])
+    assert (awaiting.count(), awaiting.oldest_seconds()) == (1, 0.0)  # d, since now
+    awaiting.let_go([2])
+    assert (awaiting.count(), awaiting.oldest_seconds()) == (0, 0.0)
 
 
 @pytest.mark.kafka
