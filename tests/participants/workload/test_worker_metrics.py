@@ -15,7 +15,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from rollout_journal.journal.open import open_backend, open_journal
 from rollout_journal.participants.trainer import TrainerFeed
 from rollout_journal.participants.workload.config import WorkloadConfig
-from rollout_journal.participants.workload.worker import AwaitingTrainer
 from rollout_journal.replay.cli.main import main
 from tests.support.fleet_support import (
     every_turn_reported,
@@ -115,30 +114,6 @@ def test_a_worker_s_endpoint_counts_every_committed_turn_and_owned_partition(
     assert worker.report()["turns_run"] == 12
     assert lag["rj_oldest_result_awaiting_trainer_seconds"] == 0
     assert len(worker.seen("acknowledged ")) == 4  # each applied once, by this worker
-
-
-def test_results_awaiting_the_trainer_are_counted_until_acknowledged_or_let_go() -> None:
-    """What the two lag gauges read: a result counts from when the worker learned of it until its
-    acknowledgement is durable, or its partition goes; one acknowledged before the worker counted
-    it (a take still admitting) is never counted."""
-    now = [100.0]
-    awaiting = AwaitingTrainer(clock=lambda: now[0])
-    assert (awaiting.count(), awaiting.oldest_seconds()) == (0, 0.0)
-    awaiting.add("a", 0)
-    now[0] = 103.0
-    awaiting.add("b", 1)
-    awaiting.add("a", 0)  # told again: it waits since the first time
-    now[0] = 110.0
-    assert (awaiting.count(), awaiting.oldest_seconds()) == (2, 10.0)
-    awaiting.acknowledged("a", 0)
-    assert (awaiting.count(), awaiting.oldest_seconds()) == (1, 7.0)
-    awaiting.acknowledged("c", 2)  # before the take that restores it finished counted it
-    awaiting.add("c", 2)
-    awaiting.add("d", 2)
-    awaiting.let_go([1])
-    assert (awaiting.count(), awaiting.oldest_seconds()) == (1, 0.0)  # d, since now
-    awaiting.let_go([2])
-    assert (awaiting.count(), awaiting.oldest_seconds()) == (0, 0.0)
 
 
 @pytest.mark.kafka
