@@ -10,21 +10,24 @@ revoked meanwhile raises ``PartitionRevokedError`` before anything is admitted.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
 from collections.abc import Callable, Collection
+from concurrent.futures import Future
 
 from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import ClusterUnreachableError, UnstableReadError
-from rollout_journal.journal.journal import Journal
+from rollout_journal.journal.journal import AppendReceipt, Journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
 
-__all__ = ["apply_waiting_acks", "take_and_restore"]
+__all__ = ["apply_waiting_acks", "serve_acknowledgements", "take_and_restore"]
 
 log = logging.getLogger(__name__)
 
 HeldBack = Callable[[UnstableReadError | ClusterUnreachableError], None]
+AckCallback = Callable[[str, int], None]  # (rollout id, partition)
 
 
 def take_and_restore(
@@ -83,3 +86,61 @@ def apply_waiting_acks(journal: Journal, partition: int, plan: RestorePlan) -> N
         future.result()  # durable before the position past them is committed
     if records:
         backend.acknowledgement_applied(partition, end)  # type: ignore[attr-defined]
+
+
+async def serve_acknowledgements(
+    journal: Journal,
+    owned: Callable[[], Collection[int]],
+    *,
+    on_applied: AckCallback | None = None,
+    on_durable: AckCallback | None = None,
+    idle_s: float = 0.5,
+) -> None:
+    """(A member's, on its event loop, until cancelled.) Apply the trainer's acknowledgements of
+    the partitions ``owned()`` names as they arrive on ``<namespace>.acks`` (from where the group's
+    offsets say the last owner stopped), each in the member's next transaction, the position past
+    it committed in a transaction after that; the take (``apply_waiting_acks``) covers those that
+    came while nobody owned the partition. Every member runs it: a fleet's worker and a gateway of
+    the group alike, so an acknowledged rollout's snapshot is tombstoned while its owner lives.
+
+    ``on_applied(rollout, partition)``: its acknowledgement was appended (on the event loop);
+    ``on_durable``: that append is durable (on the journal's committer thread). A backend without
+    the trainer's topic (a file journal, a namespace of an older version) returns at once."""
+    backend = journal.backend
+    follow = getattr(backend, "follow_acks", None)
+    follower = await asyncio.to_thread(follow) if follow is not None else None
+    if follower is None:
+        return  # acknowledgements are journaled by the trainer directly
+    try:
+        followed: set[int] = set()
+        while True:
+            mine = set(owned())
+            if mine != followed:
+                starts = {p: backend.acks_from.get(p) for p in mine}  # type: ignore[attr-defined]
+                await asyncio.to_thread(follower.assign, starts)
+                followed = mine
+            if not mine:
+                await asyncio.sleep(idle_s)
+                continue
+            for stored in await asyncio.to_thread(follower.poll, idle_s):
+                partition, after = stored.location.partition, stored.location.offset + 1
+                if partition not in owned():
+                    continue
+                applied = journal.apply_acknowledgement(stored)
+                if applied is None:  # already applied, or stale: only the position moves
+                    backend.acknowledgement_applied(partition, after)  # type: ignore[attr-defined]
+                    continue
+                if on_applied is not None:
+                    on_applied(stored.key, partition)  # acknowledgements are keyed by rollout
+
+                def durable(
+                    future: Future[AppendReceipt], p: int = partition, o: int = after, rollout_id: str = stored.key
+                ) -> None:
+                    if future.exception() is None:
+                        backend.acknowledgement_applied(p, o)  # type: ignore[attr-defined]
+                        if on_durable is not None:
+                            on_durable(rollout_id, p)
+
+                applied.add_done_callback(durable)
+    finally:
+        await asyncio.to_thread(follower.close)

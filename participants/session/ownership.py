@@ -233,6 +233,7 @@ class GroupOwnership:
         self._tasks = [
             asyncio.create_task(self._membership(), name="group membership"),
             asyncio.create_task(self._watch_owners(), name="group owners"),
+            asyncio.create_task(self._serve_acks(), name="acknowledgements"),
         ]
         self._group.start()
         log.info("%s %s joined group %s (serving at %s)", self.role, self.name, settings.group_id, self.address)
@@ -291,6 +292,21 @@ class GroupOwnership:
             else:
                 await self._let_go(partitions, lost=kind == "lost")
             self._look.set()
+
+    async def _serve_acks(self) -> None:
+        """The trainer's acknowledgements of the partitions taken here, applied as they come (as a
+        fleet worker does), not only at the next take: an acknowledged rollout's snapshot is
+        tombstoned while this member lives. A failure there stops this member's writes."""
+        from rollout_journal.journal.takeover import serve_acknowledgements
+
+        try:
+            await serve_acknowledgements(self.journal, lambda: self.ready)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.error("%s %s: applying the trainer's acknowledgements failed: %s", self.role, self.name, exc)
+            if self._failure is None:
+                self._failure = f"applying the trainer's acknowledgements failed: {exc}"
 
     async def _take(self, partition: int, token: int) -> None:
         from rollout_journal.journal.takeover import take_and_restore

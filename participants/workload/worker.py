@@ -38,7 +38,6 @@ The rollouts are driven by the same :class:`~rollout_journal.participants.worklo
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -56,10 +55,10 @@ from rollout_journal.journal.errors import (
     writer_fenced,
 )
 from rollout_journal.journal.events import Header, WorkloadRegistered
-from rollout_journal.journal.journal import AppendReceipt, Journal, WorkloadFeed
+from rollout_journal.journal.journal import Journal, WorkloadFeed
 from rollout_journal.journal.open import is_kafka_url, open_journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
-from rollout_journal.journal.takeover import take_and_restore
+from rollout_journal.journal.takeover import serve_acknowledgements, take_and_restore
 from rollout_journal.participants.rollout.state import StateFoldError, restore_state
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.metrics import WorkerMetrics
@@ -492,49 +491,16 @@ class FleetWorker:
     # -- the trainer's acknowledgements ------------------------------------------------------------
 
     async def _serve_acks(self) -> None:
-        """Apply the trainer's acknowledgements of the partitions this member owns (from
-        ``<namespace>.acks``, from where the group's offsets say the last owner stopped), each in
-        this member's next transaction, its position committed in a transaction after it."""
+        """Apply the trainer's acknowledgements of the partitions this member owns as they come
+        (``journal.takeover.serve_acknowledgements``); the trainer's lag counts each off once durable."""
         journal = self._journal
         assert journal is not None
-        backend = journal.backend
-        follower = await asyncio.to_thread(backend.follow_acks)  # type: ignore[attr-defined]
-        if follower is None:
-            return  # a namespace of an older version: acknowledgements are journaled by the trainer
-        try:
-            followed: set[int] = set()
-            while True:
-                owned = set(self.owned)
-                if owned != followed:
-                    starts = {p: backend.acks_from.get(p) for p in owned}  # type: ignore[attr-defined]
-                    await asyncio.to_thread(follower.assign, starts)
-                    followed = owned
-                if not owned:
-                    await asyncio.sleep(0.5)
-                    continue
-                for stored in await asyncio.to_thread(follower.poll, 0.5):
-                    partition, after = stored.location.partition, stored.location.offset + 1
-                    if partition not in self.owned:
-                        continue
-                    applied = journal.apply_acknowledgement(stored)
-                    if applied is None:
-                        backend.acknowledgement_applied(partition, after)  # type: ignore[attr-defined]
-                        continue
-                    self.on_event(f"acknowledged {stored.key}")
-
-                    def durable(
-                        future: concurrent.futures.Future[AppendReceipt],
-                        p: int = partition,
-                        o: int = after,
-                        rollout_id: str = stored.key,  # acknowledgements are keyed by rollout
-                    ) -> None:
-                        if future.exception() is None:
-                            backend.acknowledgement_applied(p, o)  # type: ignore[attr-defined]
-                            self.awaiting_trainer.acknowledged(rollout_id, p)
-
-                    applied.add_done_callback(durable)
-        finally:
-            await asyncio.to_thread(follower.close)
+        await serve_acknowledgements(
+            journal,
+            lambda: self.owned,
+            on_applied=lambda rollout_id, _: self.on_event(f"acknowledged {rollout_id}"),
+            on_durable=self.awaiting_trainer.acknowledged,
+        )
 
     # -- membership (callbacks on the group's polling thread: they return at once) ---------------
 

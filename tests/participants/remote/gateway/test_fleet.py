@@ -19,10 +19,19 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout_journal.journal import AttemptStarted, ConfigurationError, ModelCall, open_journal, partition_for
+from rollout_journal.journal import (
+    AttemptStarted,
+    ConfigurationError,
+    ModelCall,
+    RolloutAcknowledged,
+    open_backend,
+    open_journal,
+    partition_for,
+)
 from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.kafka.group import client_id, member_identity
 from rollout_journal.participants.remote.gateway import GatewayConfig, GatewayServer, build_gateway
+from rollout_journal.participants.trainer import TrainerFeed
 from tests.support.gateway_fixtures import chat_agent
 
 ROLLOUTS = [f"fleet-{i}" for i in range(4)]
@@ -226,6 +235,43 @@ def test_gateways_of_one_group_write_each_rollout_through_its_partition_owner(
         assert writers == {(1, first), (2, later)}, f"{r} (owned by {first}): written by {writers}"
         starts = [e.header.writer for e in events if isinstance(e, AttemptStarted)]
         assert starts == [first, later]
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+def test_a_group_gateway_applies_the_trainer_s_acknowledgement_while_it_lives(
+    tmp_path: Path, upstream, kafka_bootstrap: str, kafka_namespace: str
+) -> None:
+    """The trainer acknowledges a rollout a living gateway owns: the gateway applies it in its own
+    transaction as a fleet worker would, not only when a later take finds it waiting."""
+    journal = f"kafka://{kafka_bootstrap}/{kafka_namespace}?partitions=2"
+    bound_s = 20 * KafkaSettings.from_url(journal).group_session_timeout_ms / 1000 + 60
+    log = tmp_path / "gw.log"
+    gateway, url = gateway_child(upstream.url, journal, log, "--ownership", "group", "--writer", "gw-a")
+    try:
+        wait_for("the gateway taking both partitions", lambda: health(url)["ready"] == [0, 1], bound_s, [log])
+        assert httpx.post(f"{url}/r/acked/open", json={"group_id": "g", "group_size": 1}).status_code == 200
+        chat_agent(f"{url}/r/acked/v1", 1)
+        assert httpx.post(f"{url}/r/acked/finish", json={"reward": 1.0}, timeout=60).json()["finished"]
+        acknowledger = open_journal(journal, mode="plain", writer="trainer")
+        try:
+            with TrainerFeed(open_backend(journal, read_only=True), acknowledger=acknowledger) as feed:
+                (group,) = feed.groups(limit=1, idle_timeout_s=bound_s)
+                assert group.rollout_ids == ["acked"]
+                for future in feed.acknowledge(group):
+                    future.result()  # on <ns>.acks: the owner applies it
+        finally:
+            acknowledger.close()
+
+        def acknowledged() -> bool:
+            with open_journal(journal, read_only=True) as reader:
+                return any(isinstance(e.event, RolloutAcknowledged) for e in reader.read_rollout("acked"))
+
+        wait_for("the gateway applying the acknowledgement", acknowledged, bound_s, [log])
+        assert gateway.poll() is None and health(url)["ready"] == [0, 1]  # no take since: the owner applied it
+    finally:
+        os.killpg(gateway.pid, signal.SIGTERM)
+        gateway.wait(60)
 
 
 def test_a_gateway_member_names_where_it_serves_in_its_client_id() -> None:
