@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rollout_journal.journal.backend import Backend, OutRecord, StoredRecord, Stream, partition_for
+from rollout_journal.journal.backend import Backend, HeldBack, OutRecord, StoredRecord, Stream, partition_for
 from rollout_journal.journal.codec import Codec
 from rollout_journal.journal.errors import (
     AbortableCommitError,
@@ -128,6 +128,7 @@ __all__ = [
     "HeadSigner",
     "HeadVerifier",
     "Header",
+    "HeldBack",
     "Journal",
     "JournalClosedError",
     "JournalDamageError",

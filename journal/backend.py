@@ -10,7 +10,9 @@ events, rollouts or fencing; ``rollout_journal.journal.Journal`` builds those on
   backend's commit markers), in log order per partition;
 - report a record it cannot read as a ``StoredRecord`` with ``error`` set,
   and keep reading after it, so one bad record never hides the good ones;
-- report damage that is no one record (a lost file) through ``damage``.
+- report damage that is no one record (a lost file) through ``damage``;
+- where asked (``read_events(..., held=[])``), say when a read ended short of records another
+  writer's transaction still holds back (:class:`HeldBack`; Kafka's read-only reads).
 """
 
 from __future__ import annotations
@@ -49,6 +51,49 @@ class StoredRecord:
     value: bytes | None
     location: RecordLocation
     error: str | None = None  # set when the backend could not read the record's bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HeldBack:
+    """A read of ``partition`` of ``topic`` ended at ``stable_offset`` (Kafka's last stable offset:
+    where the oldest transaction still open on it began) while the log reaches ``high_watermark``:
+    whatever was committed past that offset, by anyone, is missing from the read until the
+    transaction ends. A writer killed inside a transaction leaves it open until the broker aborts it
+    (``transaction_timeout_ms`` plus the broker's abort scan interval)."""
+
+    topic: str
+    partition: int
+    stable_offset: int
+    high_watermark: int
+    transaction_timeout_ms: int
+
+    def __str__(self) -> str:
+        return held_back_warnings([self])[0]
+
+
+def held_back_warnings(held: Iterable[HeldBack]) -> list[str]:
+    """What to tell a reader of ``held``: one line per topic, naming its partitions."""
+    by_topic: dict[str, dict[int, HeldBack]] = {}
+    for h in held:
+        by_topic.setdefault(h.topic, {}).setdefault(h.partition, h)
+    lines = []
+    for topic, partitions in sorted(by_topic.items()):
+        found = [partitions[p] for p in sorted(partitions)]
+        timeout_ms = max(h.transaction_timeout_ms for h in found)
+        if len(found) == 1:
+            where = f"partition {found[0].partition}: records past offset {found[0].stable_offset} are"
+            what, its = "a transaction still open (a killed writer's, most likely)", "it"
+        else:
+            where = (
+                f"partitions {', '.join(str(h.partition) for h in found)}: records past offsets "
+                f"{', '.join(str(h.stable_offset) for h in found)} (in that order) are"
+            )
+            what, its = "transactions still open (killed writers', most likely)", "them"
+        lines.append(
+            f"{topic} {where} behind {what}; turns committed after {its} show once the broker aborts {its} "
+            f"(within transaction_timeout_ms={timeout_ms} plus the broker's abort interval); rerun then"
+        )
+    return lines
 
 
 def compacted(
@@ -127,8 +172,13 @@ class Backend(ABC):
         """The offset the next committed event record of ``partition`` will have at least."""
 
     @abstractmethod
-    def read_events(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
-        """Committed event records of one partition from ``from_offset`` to the current end."""
+    def read_events(
+        self, partition: int, from_offset: int = 0, held: list[HeldBack] | None = None
+    ) -> Iterator[StoredRecord]:
+        """Committed event records of one partition from ``from_offset`` to the current end.
+        ``held`` (if given) receives a :class:`HeldBack` once the read ends short of records an open
+        transaction holds back, where the backend can tell (a read-only Kafka backend; any other
+        leaves it empty: its reads never end short, or wait instead)."""
 
     @abstractmethod
     def read_snapshots(self, partitions: Collection[int] | None = None) -> Iterator[StoredRecord]:

@@ -10,7 +10,15 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Protocol, cast
 
-from rollout_journal.journal.backend import Backend, OutRecord, StoredRecord, Stream, compacted, partition_for
+from rollout_journal.journal.backend import (
+    Backend,
+    HeldBack,
+    OutRecord,
+    StoredRecord,
+    Stream,
+    compacted,
+    partition_for,
+)
 from rollout_journal.journal.codec import Codec, peek_seq
 from rollout_journal.journal.errors import (
     ConfigurationError,
@@ -66,11 +74,23 @@ class JournaledEvent:
 @dataclass
 class ReadReport:
     """Collects what a lenient read stepped over. Pass one to read past bad records;
-    without one, the first corrupt record raises."""
+    without one, the first corrupt record raises. ``held_back``: partitions whose read ended short
+    of records another writer's open transaction holds back (once each; a read-only Kafka journal's):
+    nothing is wrong with the journal, but the read shows less than is committed."""
 
     errors: list[JournalError] = field(default_factory=list)
     fenced: list[FencedEventDropped] = field(default_factory=list)
     records_read: int = 0  # records the backend handed over, wanted or not: what the read cost
+    held_back: list[HeldBack] = field(default_factory=list)
+
+    def note_held_back(self, held: Iterable[HeldBack]) -> None:
+        """Add ``held``, keeping the first note of each (topic, partition)."""
+        known = {(h.topic, h.partition) for h in self.held_back}
+        for h in held:
+            if (h.topic, h.partition) not in known:
+                known.add((h.topic, h.partition))
+                log.info("%s", h)  # the reader says it (a replay command: on stderr, once); logged at INFO only
+                self.held_back.append(h)
 
     @property
     def clean(self) -> bool:
@@ -556,7 +576,8 @@ class Journal:
                 fence.learn(rollout_id, dict(known.history))
             start = min(c.offset for c in wanted.values())
             chunks = ChunkJoiner(self.max_event_bytes)
-            for stored in self.backend.read_events(partition, start):
+            held: list[HeldBack] | None = None if report is None else []
+            for stored in self.backend.read_events(partition, start, held):
                 if report is not None:
                     report.records_read += 1
                 cursor = wanted.get(stored.key)
@@ -584,6 +605,8 @@ class Journal:
                     yield item
             for exc in chunks.unfinished():
                 self._report(exc, report)
+            if report is not None and held:
+                report.note_held_back(held)
 
     def read_rollout(
         self, rollout_id: str, cursor: Cursor = Cursor(), report: ReadReport | None = None
@@ -610,7 +633,8 @@ class Journal:
         for partition in range(self.backend.partitions) if partitions is None else partitions:
             fence = EpochFence()
             chunks = ChunkJoiner(self.max_event_bytes)
-            for stored in self.backend.read_events(partition, 0):
+            held: list[HeldBack] | None = None if report is None else []
+            for stored in self.backend.read_events(partition, 0, held):
                 if report is not None:
                     report.records_read += 1
                 item = self._decode(stored, report, chunks, projection)
@@ -618,6 +642,8 @@ class Journal:
                     yield item
             for exc in chunks.unfinished():
                 self._report(exc, report)
+            if report is not None and held:
+                report.note_held_back(held)
 
     def projection(self, fields: Mapping[type, tuple[str, ...]]) -> Projection:
         """The projected reader keeping ``fields`` (built once per field set: readers are generated)."""

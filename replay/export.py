@@ -142,7 +142,7 @@ def export_journal(
     read_events, read_snapshots = StreamDigest(), StreamDigest()
     copy = FileBackend(root, min_compaction_bytes=_NEVER)
     try:
-        _copy(copy, source.stored_events(progress), Stream.EVENTS, read_events, result, batch_bytes)
+        _copy(copy, source.stored_events(progress, result.report), Stream.EVENTS, read_events, result, batch_bytes)
         _copy(copy, backend.read_snapshots(), Stream.SNAPSHOTS, read_snapshots, result, batch_bytes)
     finally:
         copy.close()

@@ -227,4 +227,5 @@ def _merged(
         listing.report.errors += report.errors
         listing.report.fenced += report.fenced
         listing.report.records_read += report.records_read
+        listing.report.note_held_back(report.held_back)
     return rows

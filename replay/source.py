@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Self, TypeVar
 
-from rollout_journal.journal.backend import StoredRecord
+from rollout_journal.journal.backend import HeldBack, StoredRecord
 from rollout_journal.journal.events import WorkloadRegistered
 from rollout_journal.journal.journal import Journal, JournaledEvent, ReadReport
 from rollout_journal.journal.open import open_journal
@@ -72,13 +72,22 @@ class ReplaySource:
         if not found:
             raise NoSuchRolloutError(rollout_id, self.location)
 
-    def stored_events(self, progress: Progress | None = None) -> Iterator[StoredRecord]:
+    def stored_events(
+        self, progress: Progress | None = None, report: ReadReport | None = None
+    ) -> Iterator[StoredRecord]:
         """Every committed event record as stored (undecoded, unfenced), partition by partition:
-        what a byte-for-byte copy reads."""
+        what a byte-for-byte copy reads. A partition an open transaction held back goes to ``report``."""
         backend = self.journal.backend
         partitions = range(backend.partitions)
-        records = (record for p in partitions for record in backend.read_events(p, 0))
-        return self._counted(records, partitions, progress)
+
+        def records() -> Iterator[StoredRecord]:
+            for p in partitions:
+                held: list[HeldBack] | None = None if report is None else []
+                yield from backend.read_events(p, 0, held)
+                if report is not None and held:
+                    report.note_held_back(held)
+
+        return self._counted(records(), partitions, progress)
 
     def snapshot_index(self) -> SnapshotIndex:
         """The compacted stream: newest snapshot and fence per rollout, workload registrations (read once)."""

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from rollout_journal.journal.backend import held_back_warnings
 from rollout_journal.journal.errors import JournalError
 from rollout_journal.journal.events import WorkloadRegistered
 from rollout_journal.journal.journal import Journal
@@ -103,6 +104,7 @@ class FleetStatus:
     partitions: list[PartitionStatus] = field(default_factory=list)
     rollouts: list[RolloutStatus] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what the read stepped over, why the group is unknown
+    held_back: list[str] = field(default_factory=list)  # partitions an open transaction hid turns of (a warning)
     read_seconds: float = 0.0
 
     @property
@@ -126,6 +128,7 @@ def fleet_status(location: str) -> FleetStatus:
         owners = _owners(journal, location, status)
         partition_count, partition_of = journal.backend.partitions, journal.partition_of
     status.notes.extend(str(e) for e in plan.report.errors)
+    status.held_back = held_back_warnings(plan.report.held_back)
     acknowledged: dict[str, Fence | None] = dict(plan.acknowledged)
     max_turns: dict[str, int] = {}
     workload_of: dict[str, str] = {}

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterable
 from typing import Any, Protocol
 
+from rollout_journal.journal.backend import held_back_warnings
 from rollout_journal.journal.errors import CorruptRecordError
 from rollout_journal.journal.journal import ReadReport
 from rollout_journal.replay.exit_codes import EXIT_JOURNAL_DAMAGED, EXIT_OK
@@ -68,18 +69,28 @@ def problems_json(report: ReadReport) -> dict[str, Any]:
         "unreadable": [str(e) for e in unreadable],
         "damage": [str(e) for e in report.errors if not isinstance(e, CorruptRecordError)],
         "fenced_events_dropped": len(report.fenced),
+        "held_back": [str(h) for h in report.held_back],
     }
+
+
+def warn_held_back(report: ReadReport) -> None:
+    """Say on stderr, once per topic, which partitions an open transaction held the read back on:
+    the output shows less than is committed there, and a rerun later shows the rest."""
+    for line in held_back_warnings(report.held_back):
+        print(f"warning: {line}", file=sys.stderr)
 
 
 def emit(result: CommandResult, *, as_json: bool, lines: Iterable[str] | None = None) -> int:
     """Print ``result`` (``lines`` instead of ``result.text()`` if given), then what the read
-    stepped over; the exit code: EXIT_JOURNAL_DAMAGED if records could not be read (the output lacks them)."""
+    stepped over; the exit code: EXIT_JOURNAL_DAMAGED if records could not be read (the output lacks them).
+    A read held back by an open transaction is warned of and leaves the exit code alone."""
     report = result.report
     if as_json:
         print(json.dumps(result.as_json() | {"problems": problems_json(report)}, indent=2))
     else:
         for line in lines if lines is not None else result.text():
             print(line)
+    warn_held_back(report)
     unreadable = [e for e in report.errors if isinstance(e, CorruptRecordError)]
     for problem in [e for e in report.errors if not isinstance(e, CorruptRecordError)] + report.fenced:
         print(f"note: {problem}", file=sys.stderr)

@@ -28,7 +28,7 @@ from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
-from rollout_journal.journal.backend import Backend, OutRecord, StoredRecord, Stream
+from rollout_journal.journal.backend import Backend, HeldBack, OutRecord, StoredRecord, Stream
 from rollout_journal.journal.errors import (
     ConfigurationError,
     FatalJournalError,
@@ -181,7 +181,9 @@ class FileBackend(Backend):
         self._snapshots.compact(keep_per_key)
 
     # -- reading -----------------------------------------------------------
-    def read_events(self, partition: int = 0, from_offset: int = 0) -> Iterator[StoredRecord]:
+    def read_events(
+        self, partition: int = 0, from_offset: int = 0, held: list[HeldBack] | None = None
+    ) -> Iterator[StoredRecord]:
         if partition != 0:
             raise ValueError(f"file journal has one partition; asked for partition {partition}")
         for path, frame in self._log.committed_frames(from_offset):

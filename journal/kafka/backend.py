@@ -69,7 +69,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from rollout_journal.journal.backend import Backend, OutRecord, StoredRecord, Stream, partition_for
+from rollout_journal.journal.backend import Backend, HeldBack, OutRecord, StoredRecord, Stream, partition_for
 from rollout_journal.journal.errors import (
     ClusterUnreachableError,
     ConfigurationError,
@@ -575,13 +575,19 @@ class KafkaBackend(Backend):
                 return known
         return self.readers.end_offset(self.events_topic, partition)
 
-    def read_events(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
-        """Committed event records of one partition from ``from_offset`` to the end seen when reading starts."""
+    def read_events(
+        self, partition: int, from_offset: int = 0, held: list[HeldBack] | None = None
+    ) -> Iterator[StoredRecord]:
+        """Committed event records of one partition from ``from_offset`` to the end seen when reading starts.
+        ``held`` receives the partition if a transaction still open held the read back (a read-only
+        backend's: a writer's restore waits for it instead, a member's reads to its take's commit point)."""
         self._check_partition(partition)
         if from_offset < 0:
             raise ValueError(f"from_offset must be >= 0, got {from_offset}")
         self._check_open()
-        return self.readers.read(self.events_topic, [partition], from_offset)
+        if held is None or self.transactional:
+            return self.readers.read(self.events_topic, [partition], from_offset)
+        return self.readers.read_from(self.events_topic, {partition: from_offset}, held=held)
 
     def read_snapshots(self, partitions: Collection[int] | None = None) -> Iterator[StoredRecord]:
         """Every retained snapshot record (tombstones as value None) of ``partitions`` (None: all),

@@ -17,6 +17,15 @@ once ``settings.stable_read_timeout_ms`` passes. A pool for tools and readers
 but still sees every commit of its own backend (read-your-writes:
 ``commit_transaction`` returns before the broker writes the commit markers, so a
 read waits milliseconds until the LSO covers them).
+
+Such a read may therefore show less than is committed: a writer killed inside a
+transaction holds the LSO at its start until the broker aborts it, while others
+commit after it. A read asked to (``read_from(..., held=[])``: a read-only
+backend's) says so once it has read a partition: if the partition's log reaches
+past the read's end (the high watermark of the last fetch response, free; asked
+of the broker only for a partition the read did not fetch) and the LSO does not
+move past it within a short grace (a live writer's transaction ends within
+milliseconds; the grace is spent once per pool), it adds a :class:`HeldBack`.
 """
 
 from __future__ import annotations
@@ -30,7 +39,7 @@ from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 
-from rollout_journal.journal.backend import StoredRecord
+from rollout_journal.journal.backend import HeldBack, StoredRecord
 from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import (
     ClusterUnreachableError,
@@ -60,6 +69,9 @@ log = logging.getLogger(__name__)
 _READ_PREFETCH_KBYTES = 16384
 _READ_QUEUE_BACKOFF_MS = 10
 _BATCH = 1024  # records taken from the client's queue at once
+# How long a read that ended at an open transaction waits for it to end before it calls it held back: a
+# live writer's transaction ends within milliseconds, a killed writer's stays open for its timeout.
+_LIVE_TRANSACTION_GRACE_S = 0.5
 
 
 class ReaderPool:
@@ -84,6 +96,8 @@ class ReaderPool:
         # version): read to the high watermark once every transaction on them is decided, as a writer's.
         self._settle: set[tuple[str, int]] = set()
         self._floors: dict[tuple[str, int], int] = {}
+        # Armed by the first read that ends at an open transaction; later ones wait no longer than it.
+        self._grace: Deadline | None = None
 
     @property
     def open_consumers(self) -> int:
@@ -277,6 +291,27 @@ class ReaderPool:
             low, stable = self._watermarks(consumer, topic, partition)
         return low, high
 
+    def _held_back(self, consumer: Consumer, topic: str, partition: int, end: int, fetched: bool) -> HeldBack | None:
+        """Whether a read of ``partition`` that ended at ``end`` (its last stable offset then) was held
+        back by a transaction still open: the log reaches past ``end`` and the LSO stays there."""
+        high = -1
+        if fetched:  # the last fetch response's high watermark, kept by the client: no request
+            high = consumer.get_watermark_offsets(TopicPartition(topic, partition), cached=True)[1]
+        if high < 0:
+            high = self._high_watermark(topic, partition)
+        if high <= end:
+            return None
+        # Past the end: a transaction open when the read started, or records appended since.
+        if self._grace is None:
+            self._grace = Deadline(_LIVE_TRANSACTION_GRACE_S)
+        delay = 0.002
+        while self._watermarks(consumer, topic, partition)[1] <= end:
+            if self._grace.passed():
+                return HeldBack(topic, partition, end, high, self.settings.transaction_timeout_ms)
+            self._grace.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        return None
+
     def end_offset(self, topic: str, partition: int) -> int:
         """The last stable offset of a partition: the next committed record's offset is at least this."""
         consumer = self._acquire()
@@ -299,10 +334,13 @@ class ReaderPool:
         ends: dict[int, int] | None = None,
         *,
         stable: bool | None = None,
+        held: list[HeldBack] | None = None,
     ) -> Iterator[StoredRecord]:
         """Committed records of each partition from its start offset (None: the log start) to the end
         seen when reading starts; ``ends`` (if given) receives each partition's end. ``stable``
-        overrides the pool's rule of where a read ends (see the module docstring)."""
+        overrides the pool's rule of where a read ends (see the module docstring). ``held`` (if given)
+        receives, once the read is done, each partition a transaction still open held back (a read to
+        the LSO only; one that waits for it is never held back)."""
         consumer = self._acquire()
         healthy = False
         settled = self.stable if stable is None else stable
@@ -310,11 +348,13 @@ class ReaderPool:
             ends = {} if ends is None else ends
             next_offset: dict[int, int] = {}
             assignment: list[TopicPartition] = []
+            to_lso: list[int] = []  # partitions read to their last stable offset: maybe held back
             for p, from_offset in starts.items():
                 if settled or (stable is None and (topic, p) in self._settle):
                     low, end = self._settled_marks(consumer, topic, p)
                 else:
                     low, end = self._stable_marks(consumer, topic, p, floors=stable is None)
+                    to_lso.append(p)
                 start = low if from_offset is None else from_offset
                 if start < low:
                     raise JournalError(
@@ -329,6 +369,11 @@ class ReaderPool:
                 # No pause() of finished partitions: a paused-then-reassigned partition stalls ~1 s in librdkafka.
                 consumer.assign(assignment)
             yield from self._consume(consumer, topic, {p: ends[p] for p in next_offset}, next_offset)
+            if held is not None:
+                for p in to_lso:
+                    found = self._held_back(consumer, topic, p, ends[p], fetched=p in next_offset)
+                    if found is not None:
+                        held.append(found)
             healthy = True
         finally:
             self._release(consumer, healthy=healthy)

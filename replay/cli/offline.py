@@ -42,9 +42,14 @@ def status(args: argparse.Namespace) -> int:
 
     location = check_journal_location(journal_location(args))
     previous: tuple[float, FleetStatus] | None = None
+    warned: set[str] = set()  # each warning once per command, however often --watch reads
     while True:
         read_at = time.monotonic()
         status = fleet_status(location)
+        for line in status.held_back:
+            if line not in warned:
+                warned.add(line)
+                print(f"warning: {line}", file=sys.stderr, flush=True)
         pace = Pace.between(previous[1], status, read_at - previous[0]) if previous is not None else None
         previous = (read_at, status)
         if args.json:

@@ -34,6 +34,7 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from rollout_journal.journal import (
     Backend,
     HeadSigner,
+    HeldBack,
     Journal,
     RecordLocation,
     StoredRecord,
@@ -210,7 +211,9 @@ class RecordDumpBackend(Backend):
                     row["key"], value, RecordLocation(f"{self._namespace}.{topic}", partition, row["offset"])
                 )
 
-    def read_events(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
+    def read_events(
+        self, partition: int, from_offset: int = 0, held: list[HeldBack] | None = None
+    ) -> Iterator[StoredRecord]:
         return (r for r in self._stored("events", partition) if r.location.offset >= from_offset)
 
     def read_snapshots(self, partitions: Collection[int] | None = None) -> Iterator[StoredRecord]:

@@ -21,7 +21,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
-from rollout_journal.journal.backend import OutRecord, StoredRecord, Stream, partition_for
+from rollout_journal.journal.backend import HeldBack, OutRecord, StoredRecord, Stream, partition_for
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import (
     AbortableCommitError,
     ConfigurationError,
@@ -192,6 +193,42 @@ def test_an_open_transaction_is_invisible_to_a_reader_until_committed(
         while reader.end_offset(partition) == end_before and time.monotonic() < deadline:
             time.sleep(0.01)
         assert values(list(reader.read_events(partition))) == [b"committed", b"pending"]
+
+
+def test_a_read_only_read_held_back_by_an_open_transaction_says_which_partition(
+    backend: KafkaBackend, settings: KafkaSettings
+) -> None:
+    # A writer killed inside its transaction (the broker aborts it only after its timeout), then a
+    # resumed writer's commit after it on the same partition: a tool reads to the LSO, so it misses
+    # that commit, and is told so.
+    partition = partition_for("r", backend.partitions)
+    backend.commit([event("r", b"before")])
+    killed = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-killed"})
+    killed.init_transactions(60)
+    killed.begin_transaction()
+    killed.produce(backend.events_topic, key=b"r", value=b"pending", partition=partition)
+    killed.flush(60)
+    backend.commit([event("r", b"after")])
+
+    with KafkaBackend(settings, transactional=False, create_topics=False) as reader:
+        stuck = reader.end_offset(partition)
+        held: list[HeldBack] = []
+        assert values(list(reader.read_events(partition, 0, held))) == [b"before"]
+        assert [(h.topic, h.partition, h.stable_offset) for h in held] == [(reader.events_topic, partition, stuck)]
+        assert held[0].high_watermark > stuck
+        assert held[0].transaction_timeout_ms == settings.transaction_timeout_ms
+        held = []  # a read from the LSO fetches nothing: the high watermark is asked of the broker
+        assert list(reader.read_events(partition, stuck, held)) == [] and len(held) == 1
+        quiet: list[HeldBack] = []  # nothing open on another partition: nothing said
+        assert list(reader.read_events((partition + 1) % reader.partitions, 0, quiet)) == [] and quiet == []
+
+        killed.abort_transaction(60)  # what the broker does at the timeout
+        deadline = Deadline(60)
+        while reader.end_offset(partition) <= stuck:
+            assert not deadline.passed(), "the aborted transaction's markers never landed"
+            deadline.sleep(0.01)
+        held = []
+        assert values(list(reader.read_events(partition, 0, held))) == [b"before", b"after"] and held == []
 
 
 def test_restore_refuses_a_prefix_held_back_by_another_workers_open_transaction(settings: KafkaSettings) -> None:
