@@ -279,6 +279,7 @@ class Journal:
         header = event.header
         rollout_id = header.rollout_id
         encoded = OutRecord(Stream.EVENTS, rollout_id, self.codec.encode(event), rollout_id)
+        check = self._partition_check([self.partition_of(rollout_id)])  # refused here: nothing to remember
         with self._fence_lock:
             self._acknowledged.add(rollout_id)
             known = self._attempts.get(rollout_id, []) if attempts is None else attempts
@@ -290,7 +291,7 @@ class Journal:
                 *tombstone_records(rollout_id, self._slots.pop(rollout_id, None), keep_fence=True),
                 fence,
             ],
-            check=self._partition_check([self.partition_of(rollout_id)]),
+            check=check,
         )
 
     def request_acknowledgement(

@@ -18,7 +18,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import Future
 
 from rollout_journal.journal.deadlines import Deadline
-from rollout_journal.journal.errors import ClusterUnreachableError, UnstableReadError
+from rollout_journal.journal.errors import ClusterUnreachableError, PartitionFencedError, UnstableReadError
 from rollout_journal.journal.journal import AppendReceipt, Journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
 
@@ -126,7 +126,15 @@ async def serve_acknowledgements(
                 partition, after = stored.location.partition, stored.location.offset + 1
                 if partition not in owned():
                     continue
-                applied = journal.apply_acknowledgement(stored)
+                try:
+                    applied = journal.apply_acknowledgement(stored)
+                except PartitionFencedError:  # revoked since owned() looked (the group's thread): not ours now
+                    log.info(
+                        "acknowledgement of %s: partition %d left this member as it came; its next owner applies it",
+                        stored.key,
+                        partition,
+                    )
+                    continue
                 if applied is None:  # already applied, or stale: only the position moves
                     backend.acknowledgement_applied(partition, after)  # type: ignore[attr-defined]
                     continue

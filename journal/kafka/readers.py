@@ -24,8 +24,9 @@ commit after it. A read asked to (``read_from(..., held=[])``: a read-only
 backend's) says so once it has read a partition: if the partition's log reaches
 past the read's end (the high watermark of the last fetch response, free; asked
 of the broker only for a partition the read did not fetch) and the LSO does not
-move past it within a short grace (a live writer's transaction ends within
-milliseconds; the grace is spent once per pool), it adds a :class:`HeldBack`.
+move past it within a short grace of when it was first seen there (a live
+writer's transaction ends within milliseconds; a partition still at the same LSO
+when read again waits no more), it adds a :class:`HeldBack`.
 """
 
 from __future__ import annotations
@@ -96,8 +97,10 @@ class ReaderPool:
         # version): read to the high watermark once every transaction on them is decided, as a writer's.
         self._settle: set[tuple[str, int]] = set()
         self._floors: dict[tuple[str, int], int] = {}
-        # Armed by the first read that ends at an open transaction; later ones wait no longer than it.
-        self._grace: Deadline | None = None
+        # Where a read to the LSO last found each partition's LSO, and since when it has been there
+        # (monotonic): an open transaction is called held back once it has stood there a grace.
+        self._lso_seen: dict[tuple[str, int], tuple[int, float]] = {}
+        self._lso_lock = threading.Lock()
 
     @property
     def open_consumers(self) -> int:
@@ -301,16 +304,28 @@ class ReaderPool:
             high = self._high_watermark(topic, partition)
         if high <= end:
             return None
-        # Past the end: a transaction open when the read started, or records appended since.
-        if self._grace is None:
-            self._grace = Deadline(_LIVE_TRANSACTION_GRACE_S)
+        # Past the end: a transaction open when the read started, or records appended since. Held
+        # back only if the LSO stays at ``end`` a grace after it was first seen there: a live writer's
+        # transaction ends sooner. A partition the pool reads again at the same LSO waits no more;
+        # each partition read gets the grace, however long the tool runs.
+        with self._lso_lock:
+            seen = self._lso_seen.get((topic, partition))
+        seen_at = seen[1] if seen is not None and seen[0] == end else time.monotonic()
+        grace = Deadline(max(0.0, seen_at + _LIVE_TRANSACTION_GRACE_S - time.monotonic()))
         delay = 0.002
         while self._watermarks(consumer, topic, partition)[1] <= end:
-            if self._grace.passed():
+            if grace.passed():
                 return HeldBack(topic, partition, end, high, self.settings.transaction_timeout_ms)
-            self._grace.sleep(delay)
+            grace.sleep(delay)
             delay = min(delay * 2, 0.1)
         return None
+
+    def _saw_lso(self, topic: str, partition: int, lso: int) -> None:
+        """A read to the LSO found ``partition`` ending at ``lso`` (now, if it was elsewhere before)."""
+        with self._lso_lock:
+            seen = self._lso_seen.get((topic, partition))
+            if seen is None or seen[0] != lso:
+                self._lso_seen[(topic, partition)] = (lso, time.monotonic())
 
     def end_offset(self, topic: str, partition: int) -> int:
         """The last stable offset of a partition: the next committed record's offset is at least this."""
@@ -355,6 +370,8 @@ class ReaderPool:
                 else:
                     low, end = self._stable_marks(consumer, topic, p, floors=stable is None)
                     to_lso.append(p)
+                    if held is not None:
+                        self._saw_lso(topic, p, end)
                 start = low if from_offset is None else from_offset
                 if start < low:
                     raise JournalError(

@@ -35,6 +35,7 @@ from rollout_journal.journal.errors import (
 )
 from rollout_journal.journal.events import BlobChunk, Snapshot
 from rollout_journal.journal.journal import Cursor, Journal, ReadReport
+from rollout_journal.journal.kafka import readers as readers_module
 from rollout_journal.journal.kafka.backend import KafkaBackend
 from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.restore import load_rollouts
@@ -229,6 +230,58 @@ def test_a_read_only_read_held_back_by_an_open_transaction_says_which_partition(
             deadline.sleep(0.01)
         held = []
         assert values(list(reader.read_events(partition, 0, held))) == [b"before", b"after"] and held == []
+
+
+def test_a_live_writer_s_transaction_is_not_called_held_back_once_a_grace_was_spent(
+    backend: KafkaBackend, settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read that ends at an open transaction waits a grace for it to end before it warns: a live
+    writer's ends within it. Every partition a tool reads gets that grace, not only those read in
+    the first grace of the pool: on a busy fleet, a listing that runs longer than it must not warn
+    of each partition whose writer happens to be mid-commit as it is read."""
+    held_p = partition_for("r", backend.partitions)
+    live_p = next(p for p in range(backend.partitions) if p != held_p)
+    live_rollout = next(f"l{i}" for i in range(1000) if partition_for(f"l{i}", backend.partitions) == live_p)
+    backend.commit([event("r", b"before")])
+    killed = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-killed"})
+    killed.init_transactions(60)
+    killed.begin_transaction()
+    killed.produce(backend.events_topic, key=b"r", value=b"pending", partition=held_p)
+    killed.flush(60)
+    backend.commit([event("r", b"after")])
+    live = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-live"})
+    live.init_transactions(60)
+    try:
+        with KafkaBackend(settings, transactional=False, create_topics=False) as reader:
+            held: list[HeldBack] = []
+            list(reader.read_events(held_p, 0, held))
+            assert [h.partition for h in held] == [held_p]  # a killed writer's: the pool's grace is spent
+
+            # A live writer, mid-commit as the next read starts: its transaction ends during the read's
+            # grace (made long here, so that it surely does).
+            monkeypatch.setattr(readers_module, "_LIVE_TRANSACTION_GRACE_S", 120.0)
+            backend.commit([event(live_rollout, b"committed")])
+            live.begin_transaction()
+            live.produce(backend.events_topic, key=live_rollout.encode(), value=b"live", partition=live_p)
+            live.flush(60)
+            reading = threading.Event()
+
+            def commit_soon() -> None:
+                reading.wait(60)
+                time.sleep(0.3)  # the read has begun: it found the transaction open
+                live.commit_transaction(60)
+
+            committer = threading.Thread(target=commit_soon)
+            committer.start()
+            try:
+                quiet: list[HeldBack] = []
+                reading.set()
+                assert values(list(reader.read_events(live_p, 0, quiet))) == [b"committed"]
+            finally:
+                committer.join(120)
+            assert quiet == [], "a live writer's transaction was called held back"
+    finally:
+        killed.abort_transaction(60)
 
 
 def test_restore_refuses_a_prefix_held_back_by_another_workers_open_transaction(settings: KafkaSettings) -> None:

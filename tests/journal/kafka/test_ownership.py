@@ -12,6 +12,7 @@ transaction carries the group's offsets under the member's generation (KIP-447).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -25,12 +26,15 @@ from pathlib import Path
 import pytest
 
 from rollout_journal.journal.backend import OutRecord, Stream, partition_for
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import PartitionRevokedError, TransactionRestartedError
+from rollout_journal.journal.events import Header, RolloutAcknowledged
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.kafka.backend import KafkaBackend
 from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.kafka.group import WorkerGroup
 from rollout_journal.journal.kafka.writer import MemberWriter
+from rollout_journal.journal.takeover import serve_acknowledgements
 from tests.support.journal_conformance import started, turn_done
 from tests.support.paths import REPO_ROOT
 
@@ -247,3 +251,48 @@ def test_a_sigstopped_zombie_member_writes_nothing_visible_after_its_partitions_
             assert any(row["writer"] == "zombie" for row in rows[:first]), f"partition {p}: nothing before the stop"
             late = [row["seq"] for row in rows[first:] if row["writer"] == "zombie" and row["seq"] not in owned_again]
             assert not late, f"partition {p}: zombie records {late} visible after the successor's take"
+
+
+def test_the_ack_loop_goes_on_when_an_acknowledged_partition_is_revoked_as_it_applies(
+    member: Member, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``serve_acknowledgements`` looks at ``owned()``, then applies: the group's revocation (on its
+    own thread) may land in between. Here the look is stale for good (partition 1 revoked right
+    after it, before the acknowledgement applies): the append is refused, and that must cost the
+    loop nothing. Before, the refusal escaped it, which stopped a gateway's writes for good and
+    ended a fleet worker, on an ordinary rebalance."""
+    member.wait_for({0, 1})
+    lost, kept = rollout_on(1), rollout_on(0)
+    trainer = Journal(KafkaBackend(member.backend.settings, transactional=False, create_topics=False))
+    try:
+        for rid in (lost, kept):
+            header = Header(rid, "g", 1, 1, 0, 0, Header.now_ms(), "trainer")
+            trainer.request_acknowledgement(RolloutAcknowledged(header, "trainer")).result(timeout=60)
+    finally:
+        trainer.close()
+    member.backend.disown([1])  # revoked after the loop's look (which stays {0, 1}: stale)
+    durable: list[str] = []
+
+    async def serve() -> BaseException | None:
+        task = asyncio.create_task(
+            serve_acknowledgements(member.journal, lambda: {0, 1}, on_durable=lambda rid, p: durable.append(rid))
+        )
+        deadline = Deadline(120)
+        try:
+            while not (kept in durable and any(lost in r.getMessage() for r in caplog.records)):
+                if task.done():
+                    return task.exception()
+                assert not deadline.passed(), f"applied {durable}; the revoked one never seen"
+                await asyncio.sleep(0.05)
+            return None
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    with caplog.at_level("INFO", logger="rollout_journal.journal.takeover"):
+        failed = asyncio.run(serve())
+    assert failed is None, f"the ack loop ended on {failed!r}"
+    assert durable == [kept]
+    with Journal(KafkaBackend(member.backend.settings, transactional=False, create_topics=False)) as reader:
+        assert [type(e.event).__name__ for e in reader.read_rollout(lost)] == []  # its next owner applies it
+        assert [type(e.event).__name__ for e in reader.read_rollout(kept)] == ["RolloutAcknowledged"]

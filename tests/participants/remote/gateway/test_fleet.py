@@ -269,6 +269,16 @@ def test_a_group_gateway_applies_the_trainer_s_acknowledgement_while_it_lives(
 
         wait_for("the gateway applying the acknowledgement", acknowledged, bound_s, [log])
         assert gateway.poll() is None and health(url)["ready"] == [0, 1]  # no take since: the owner applied it
+
+        # A re-driven agent: told the rollout is finished, and nothing more is written of it.
+        with open_journal(journal, read_only=True) as reader:
+            before = [type(e.event).__name__ for e in reader.read_rollout("acked")]
+        reopened = httpx.post(f"{url}/r/acked/open", json={"group_id": "g", "group_size": 1})
+        assert reopened.status_code == 200 and reopened.json()["finished"], reopened.text
+        again = httpx.post(f"{url}/r/acked/finish", json={"reward": 0.0}, timeout=60)
+        assert again.status_code >= 400 and "finished" in again.text, again.text
+        with open_journal(journal, read_only=True) as reader:
+            assert [type(e.event).__name__ for e in reader.read_rollout("acked")] == before
     finally:
         os.killpg(gateway.pid, signal.SIGTERM)
         gateway.wait(60)
