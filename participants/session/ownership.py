@@ -293,6 +293,18 @@ class GroupOwnership:
                 await self._let_go(partitions, lost=kind == "lost")
             self._look.set()
 
+    def _stop_writing(self, why: str) -> None:
+        """This member may write nothing more (``why``): it leaves the group too, so its partitions
+        go to the other members instead of staying assigned to one that refuses their rollouts (it
+        then forwards them, as any member does; ``/health`` says ``ok: false`` and why)."""
+        if self._failure is not None:
+            return
+        self._failure = why
+        group = self._group
+        log.error("%s %s: %s; it writes nothing more and leaves the group", self.role, self.name, why)
+        if group is not None:
+            self._tasks.append(asyncio.create_task(asyncio.to_thread(group.close), name="leave the group"))
+
     async def _serve_acks(self) -> None:
         """The trainer's acknowledgements of the partitions taken here, applied as they come (as a
         fleet worker does), not only at the next take: an acknowledged rollout's snapshot is
@@ -304,9 +316,7 @@ class GroupOwnership:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.error("%s %s: applying the trainer's acknowledgements failed: %s", self.role, self.name, exc)
-            if self._failure is None:
-                self._failure = f"applying the trainer's acknowledgements failed: {exc}"
+            self._stop_writing(f"applying the trainer's acknowledgements failed: {exc}")
 
     async def _take(self, partition: int, token: int) -> None:
         from rollout_journal.journal.takeover import take_and_restore
@@ -328,9 +338,7 @@ class GroupOwnership:
         except PartitionRevokedError:
             return
         except Exception as exc:  # the journal failed under the take: this member writes nothing more
-            log.error("%s %s: taking partition %s failed: %s", self.role, self.name, partition, exc)
-            if self._failure is None:
-                self._failure = f"taking partition {partition} failed: {exc}"
+            self._stop_writing(f"taking partition {partition} failed: {exc}")
         finally:
             if self._takes.get(partition) is asyncio.current_task():
                 del self._takes[partition]

@@ -193,16 +193,16 @@ class Gateway:
         try:
             if path == "/health":
                 ownership = self.factory.ownership
-                return JSONResponse({"ok": ownership.stopped is None, **ownership.describe()})
+                stopped = ownership.stopped  # why this gateway writes nothing more (None: it writes)
+                return JSONResponse({"ok": stopped is None, "stopped": stopped, **ownership.describe()})
             if path == "/metrics":
                 return JSONResponse(self.metrics_json())
             rollout, rest = self._route(request, path)
             self.metrics["requests"] += 1
             ownership = self.factory.ownership
-            stopped = ownership.stopped
-            if stopped is not None:
-                raise NotOwnerError(rollout, None)
             route = ownership.route(rollout)
+            if ownership.stopped is not None and not isinstance(route, Remote):
+                raise NotOwnerError(rollout, None)  # a stopped member forwards, once another owns it
             if isinstance(route, Remote):
                 response = await self.forwarder.forward(request, rollout, route, await self._body(request))
                 self.metrics["forwarded"] += 1

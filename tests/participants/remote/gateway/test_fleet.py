@@ -28,6 +28,8 @@ from rollout_journal.journal import (
     open_journal,
     partition_for,
 )
+from rollout_journal.journal.deadlines import Deadline
+from rollout_journal.journal.errors import JournalError
 from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.kafka.group import client_id, member_identity
 from rollout_journal.participants.remote.gateway import GatewayConfig, GatewayServer, build_gateway
@@ -282,6 +284,54 @@ def test_a_group_gateway_applies_the_trainer_s_acknowledgement_while_it_lives(
     finally:
         os.killpg(gateway.pid, signal.SIGTERM)
         gateway.wait(60)
+
+
+@pytest.mark.kafka
+def test_a_gateway_whose_take_failed_leaves_the_group_so_another_takes_its_partitions(
+    upstream, kafka_bootstrap: str, kafka_namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A member the journal failed under (here its take, made to raise: the fault is injected into
+    our own take, the broker is real) writes nothing more. Before, it stayed in the group holding
+    its partitions, and their rollouts were refused everywhere until someone restarted it; now it
+    leaves, the other gateway takes every partition, and the failed one forwards to it."""
+    from rollout_journal.journal import takeover
+
+    real_take = takeover.take_and_restore
+
+    def take(journal, partition, token, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if journal.backend.member == "gw-broken":
+            raise JournalError(f"injected: the journal failed under the take of partition {partition}")
+        return real_take(journal, partition, token, *args, **kwargs)
+
+    monkeypatch.setattr(takeover, "take_and_restore", take)
+    journal = f"kafka://{kafka_bootstrap}/{kafka_namespace}?partitions=2"
+    bound_s = 20 * KafkaSettings.from_url(journal).group_session_timeout_ms / 1000 + 60
+
+    def config(writer: str) -> GatewayConfig:
+        return GatewayConfig(
+            upstream=upstream.url, journal=journal, port=0, upstream_logprobs="processed", ownership="group",
+            writer=writer,
+        )  # fmt: skip
+
+    broken = GatewayServer(config("gw-broken"))
+    healthy: GatewayServer | None = None
+    try:
+        deadline = Deadline(bound_s)
+        while health(broken.url)["ok"]:
+            assert not deadline.passed(), "the injected take failure never stopped the gateway"
+            deadline.sleep(0.1)
+        healthy = GatewayServer(config("gw-healthy"))
+        deadline = Deadline(bound_s)
+        while health(healthy.url)["ready"] != [0, 1]:
+            assert not deadline.passed(), f"the healthy gateway holds {health(healthy.url)['ready']} of [0, 1]"
+            deadline.sleep(0.1)
+        view = health(broken.url)
+        assert not view["ok"] and view["ready"] == [] and "injected" in view["stopped"]
+        assert chat_agent(f"{broken.url}/r/sent-on/v1", 1)  # forwarded to the owner
+    finally:
+        for server in (healthy, broken):
+            if server is not None:
+                server.close()
 
 
 def test_a_gateway_member_names_where_it_serves_in_its_client_id() -> None:
