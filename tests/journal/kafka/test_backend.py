@@ -172,6 +172,18 @@ def test_an_aborted_batch_is_never_visible_and_offsets_skip_it(backend: KafkaBac
     assert list(backend.read_snapshots()) == []
 
 
+def open_transaction(backend: KafkaBackend, transactional_id: str, partition: int) -> Producer:
+    """Another writer's transaction, left open on ``partition`` of the events topic with one record
+    (``b"pending"``, key ``r``) delivered: as a writer killed inside it leaves it, until the broker
+    aborts it (or the caller ends it)."""
+    producer = Producer({**backend.producer_config(), "transactional.id": transactional_id})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    producer.produce(backend.events_topic, key=b"r", value=b"pending", partition=partition)
+    producer.flush(60)
+    return producer
+
+
 def test_an_open_transaction_is_invisible_to_a_reader_until_committed(
     backend: KafkaBackend, settings: KafkaSettings
 ) -> None:
@@ -179,11 +191,7 @@ def test_an_open_transaction_is_invisible_to_a_reader_until_committed(
     backend.commit([event("r", b"committed")])
 
     # a second writer (its own slot) with an open transaction on the same partition
-    other = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-other"})
-    other.init_transactions(60)
-    other.begin_transaction()
-    other.produce(backend.events_topic, key=b"r", value=b"pending", partition=partition)
-    other.flush(60)
+    other = open_transaction(backend, f"{settings.namespace}-other", partition)
 
     with KafkaBackend(settings, transactional=False, create_topics=False) as reader:
         end_before = reader.end_offset(partition)
@@ -204,11 +212,7 @@ def test_a_read_only_read_held_back_by_an_open_transaction_says_which_partition(
     # that commit, and is told so.
     partition = partition_for("r", backend.partitions)
     backend.commit([event("r", b"before")])
-    killed = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-killed"})
-    killed.init_transactions(60)
-    killed.begin_transaction()
-    killed.produce(backend.events_topic, key=b"r", value=b"pending", partition=partition)
-    killed.flush(60)
+    killed = open_transaction(backend, f"{settings.namespace}-killed", partition)
     backend.commit([event("r", b"after")])
 
     with KafkaBackend(settings, transactional=False, create_topics=False) as reader:
@@ -243,11 +247,7 @@ def test_a_live_writer_s_transaction_is_not_called_held_back_once_a_grace_was_sp
     live_p = next(p for p in range(backend.partitions) if p != held_p)
     live_rollout = next(f"l{i}" for i in range(1000) if partition_for(f"l{i}", backend.partitions) == live_p)
     backend.commit([event("r", b"before")])
-    killed = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-killed"})
-    killed.init_transactions(60)
-    killed.begin_transaction()
-    killed.produce(backend.events_topic, key=b"r", value=b"pending", partition=held_p)
-    killed.flush(60)
+    killed = open_transaction(backend, f"{settings.namespace}-killed", held_p)
     backend.commit([event("r", b"after")])
     live = Producer({**backend.producer_config(), "transactional.id": f"{settings.namespace}-live"})
     live.init_transactions(60)
