@@ -70,7 +70,7 @@ from rollout_journal.participants.session.errors import (
     RolloutNotFoundError,
     StaleAttemptError,
 )
-from rollout_journal.participants.session.ownership import GroupOwnership, Moving, Remote, RolloutOwnership
+from rollout_journal.participants.session.ownership import GroupOwnership, Local, Moving, Remote, RolloutOwnership
 
 __all__ = ["Gateway", "GatewayConfig", "ROLLOUT_ID"]
 
@@ -201,8 +201,8 @@ class Gateway:
             self.metrics["requests"] += 1
             ownership = self.factory.ownership
             route = ownership.route(rollout)
-            if ownership.stopped is not None and not isinstance(route, Remote):
-                raise NotOwnerError(rollout, None)  # a stopped member forwards, once another owns it
+            if ownership.stopped is not None and isinstance(route, Local):
+                raise NotOwnerError(rollout, None)  # it writes nothing more: a group member forwards instead
             if isinstance(route, Remote):
                 response = await self.forwarder.forward(request, rollout, route, await self._body(request))
                 self.metrics["forwarded"] += 1

@@ -313,6 +313,7 @@ def test_a_gateway_whose_take_failed_leaves_the_group_so_another_takes_its_parti
             writer=writer,
         )  # fmt: skip
 
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0}
     broken = GatewayServer(config("gw-broken"))
     healthy: GatewayServer | None = None
     try:
@@ -327,7 +328,18 @@ def test_a_gateway_whose_take_failed_leaves_the_group_so_another_takes_its_parti
             deadline.sleep(0.1)
         view = health(broken.url)
         assert not view["ok"] and view["ready"] == [] and "injected" in view["stopped"]
-        assert chat_agent(f"{broken.url}/r/sent-on/v1", 1)  # forwarded to the owner
+        # Until the failed gateway's view of the group names the new owner, it answers 503 owner_moving
+        # (the partition is changing hands), then forwards.
+        deadline = Deadline(bound_s)
+        while True:
+            answer = httpx.post(f"{broken.url}/r/sent-on/v1/chat/completions", json=body, timeout=60)
+            if answer.status_code != 503:
+                break
+            assert answer.json()["error"]["type"] == "owner_moving" and answer.headers["retry-after"]
+            assert not deadline.passed(), "the failed gateway never learned who owns its partitions now"
+            deadline.sleep(0.2)
+        assert answer.status_code == 200, answer.text  # forwarded to the owner
+        assert answer.json()["choices"][0]["message"]["content"] is not None
     finally:
         for server in (healthy, broken):
             if server is not None:
