@@ -248,24 +248,29 @@ class ReaderPool:
     def _stable_marks(self, consumer: Consumer, topic: str, partition: int, *, floors: bool = False) -> tuple[int, int]:
         """Watermarks that cover every commit this backend has returned from (read-your-writes), and
         with ``floors`` the commit point its take learned."""
-        low, end = self._watermarks(consumer, topic, partition)
         wanted = self._committed_end.get((topic, partition), 0)
         if floors:
             wanted = max(wanted, self._floors.get((topic, partition), 0))
-        if end >= wanted:
-            return low, end
         # Ours: milliseconds until the commit markers are written. A take's commit point: as long as an
         # older zombie's transaction stays open below it (the broker aborts it after its timeout).
         bound_s = max(self.settings.operation_timeout_ms, 2 * self.settings.transaction_timeout_ms) / 1000
-        deadline = Deadline(bound_s)
+        low, end = self._lso_toward(consumer, topic, partition, wanted, Deadline(bound_s))
+        if end < wanted:
+            raise UnstableReadError(topic, partition, end, wanted, bound_s)
+        return low, end
+
+    def _lso_toward(
+        self, consumer: Consumer, topic: str, partition: int, target: int, deadline: Deadline
+    ) -> tuple[int, int]:
+        """(log start, last stable offset), asked again with a growing pause (2 ms to 200 ms) until
+        the LSO reaches ``target`` or ``deadline`` passes; the caller tells which from the LSO."""
+        low, lso = self._watermarks(consumer, topic, partition)
         delay = 0.002
-        while end < wanted:
-            if deadline.passed():
-                raise UnstableReadError(topic, partition, end, wanted, bound_s)
+        while lso < target and not deadline.passed():
             deadline.sleep(delay)
             delay = min(delay * 2, 0.2)
-            low, end = self._watermarks(consumer, topic, partition)
-        return low, end
+            low, lso = self._watermarks(consumer, topic, partition)
+        return low, lso
 
     def _high_watermark(self, topic: str, partition: int) -> int:
         """The partition's high watermark: the end of its log, open transactions included."""
@@ -280,18 +285,10 @@ class ReaderPool:
         """(log start, high watermark seen now), once every record below that watermark is decided
         (the LSO reached it); ``UnstableReadError`` if an open transaction holds it back too long."""
         high = self._high_watermark(topic, partition)
-        low, stable = self._watermarks(consumer, topic, partition)
-        if stable >= high:
-            return low, high
         bound_s = self.settings.stable_read_timeout_ms / 1000
-        deadline = Deadline(bound_s)
-        delay = 0.002
-        while stable < high:
-            if deadline.passed():
-                raise UnstableReadError(topic, partition, stable, high, bound_s)
-            deadline.sleep(delay)
-            delay = min(delay * 2, 0.2)
-            low, stable = self._watermarks(consumer, topic, partition)
+        low, stable = self._lso_toward(consumer, topic, partition, high, Deadline(bound_s))
+        if stable < high:
+            raise UnstableReadError(topic, partition, stable, high, bound_s)
         return low, high
 
     def _held_back(self, consumer: Consumer, topic: str, partition: int, end: int, fetched: bool) -> HeldBack | None:
@@ -312,13 +309,9 @@ class ReaderPool:
             seen = self._lso_seen.get((topic, partition))
         seen_at = seen[1] if seen is not None and seen[0] == end else time.monotonic()
         grace = Deadline(max(0.0, seen_at + _LIVE_TRANSACTION_GRACE_S - time.monotonic()))
-        delay = 0.002
-        while self._watermarks(consumer, topic, partition)[1] <= end:
-            if grace.passed():
-                return HeldBack(topic, partition, end, high, self.settings.transaction_timeout_ms)
-            grace.sleep(delay)
-            delay = min(delay * 2, 0.1)
-        return None
+        if self._lso_toward(consumer, topic, partition, end + 1, grace)[1] > end:
+            return None
+        return HeldBack(topic, partition, end, high, self.settings.transaction_timeout_ms)
 
     def _saw_lso(self, topic: str, partition: int, lso: int) -> None:
         """A read to the LSO found ``partition`` ending at ``lso`` (now, if it was elsewhere before)."""
