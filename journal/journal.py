@@ -577,8 +577,7 @@ class Journal:
                 fence.learn(rollout_id, dict(known.history))
             start = min(c.offset for c in wanted.values())
             chunks = ChunkJoiner(self.max_event_bytes)
-            held: list[HeldBack] | None = None if report is None else []
-            for stored in self.backend.read_events(partition, start, held):
+            for stored in read_events_noting(self.backend, partition, start, report):
                 if report is not None:
                     report.records_read += 1
                 cursor = wanted.get(stored.key)
@@ -606,8 +605,6 @@ class Journal:
                     yield item
             for exc in chunks.unfinished():
                 self._report(exc, report)
-            if report is not None and held:
-                report.note_held_back(held)
 
     def read_rollout(
         self, rollout_id: str, cursor: Cursor = Cursor(), report: ReadReport | None = None
@@ -634,8 +631,7 @@ class Journal:
         for partition in range(self.backend.partitions) if partitions is None else partitions:
             fence = EpochFence()
             chunks = ChunkJoiner(self.max_event_bytes)
-            held: list[HeldBack] | None = None if report is None else []
-            for stored in self.backend.read_events(partition, 0, held):
+            for stored in read_events_noting(self.backend, partition, 0, report):
                 if report is not None:
                     report.records_read += 1
                 item = self._decode(stored, report, chunks, projection)
@@ -643,8 +639,6 @@ class Journal:
                     yield item
             for exc in chunks.unfinished():
                 self._report(exc, report)
-            if report is not None and held:
-                report.note_held_back(held)
 
     def projection(self, fields: Mapping[type, tuple[str, ...]]) -> Projection:
         """The projected reader keeping ``fields`` (built once per field set: readers are generated)."""
@@ -686,6 +680,19 @@ class RecordFollower(Protocol):
     def poll(self) -> list[StoredRecord]: ...
 
     def close(self) -> None: ...
+
+
+def read_events_noting(
+    backend: Backend, partition: int, start: int, report: ReadReport | None
+) -> Iterator[StoredRecord]:
+    """``backend.read_events(partition, start)``; where the backend can tell that an open transaction
+    held the read back (a read-only Kafka backend), that goes to ``report`` once the partition is read."""
+    if report is None:
+        yield from backend.read_events(partition, start)
+        return
+    held: list[HeldBack] = []
+    yield from backend.read_events(partition, start, held)
+    report.note_held_back(held)
 
 
 def registrations(codec: Codec, stored: Iterable[StoredRecord]) -> dict[str, WorkloadRegistered]:

@@ -14,9 +14,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Self, TypeVar
 
-from rollout_journal.journal.backend import HeldBack, StoredRecord
+from rollout_journal.journal.backend import StoredRecord
 from rollout_journal.journal.events import WorkloadRegistered
-from rollout_journal.journal.journal import Journal, JournaledEvent, ReadReport
+from rollout_journal.journal.journal import Journal, JournaledEvent, ReadReport, read_events_noting
 from rollout_journal.journal.open import open_journal
 from rollout_journal.journal.snapshots import SnapshotIndex
 from rollout_journal.replay.errors import NoSuchRolloutError
@@ -80,14 +80,8 @@ class ReplaySource:
         backend = self.journal.backend
         partitions = range(backend.partitions)
 
-        def records() -> Iterator[StoredRecord]:
-            for p in partitions:
-                held: list[HeldBack] | None = None if report is None else []
-                yield from backend.read_events(p, 0, held)
-                if report is not None and held:
-                    report.note_held_back(held)
-
-        return self._counted(records(), partitions, progress)
+        records = (record for p in partitions for record in read_events_noting(backend, p, 0, report))
+        return self._counted(records, partitions, progress)
 
     def snapshot_index(self) -> SnapshotIndex:
         """The compacted stream: newest snapshot and fence per rollout, workload registrations (read once)."""

@@ -73,11 +73,16 @@ def problems_json(report: ReadReport) -> dict[str, Any]:
     }
 
 
+def warn(line: str) -> None:
+    """A warning on stderr: the output is right but incomplete (the exit code stays as it is)."""
+    print(f"warning: {line}", file=sys.stderr, flush=True)
+
+
 def warn_held_back(report: ReadReport) -> None:
     """Say on stderr, once per topic, which partitions an open transaction held the read back on:
     the output shows less than is committed there, and a rerun later shows the rest."""
     for line in held_back_warnings(report.held_back):
-        print(f"warning: {line}", file=sys.stderr)
+        warn(line)
 
 
 def emit(result: CommandResult, *, as_json: bool, lines: Iterable[str] | None = None) -> int:

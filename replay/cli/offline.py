@@ -17,7 +17,7 @@ from rollout_journal.replay.source import ReplaySource
 if TYPE_CHECKING:
     from rollout_journal.replay.status import FleetStatus
     from rollout_journal.replay.tokenizers import TokenizerCatalog
-from rollout_journal.replay.terminal import BarProgress, emit
+from rollout_journal.replay.terminal import BarProgress, emit, warn
 
 
 def audit(args: argparse.Namespace) -> int:
@@ -49,7 +49,7 @@ def status(args: argparse.Namespace) -> int:
         for line in status.held_back:
             if line not in warned:
                 warned.add(line)
-                print(f"warning: {line}", file=sys.stderr, flush=True)
+                warn(line)
         pace = Pace.between(previous[1], status, read_at - previous[0]) if previous is not None else None
         previous = (read_at, status)
         if args.json:
