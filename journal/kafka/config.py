@@ -129,8 +129,14 @@ class KafkaSettings(BaseModel):
     events_retention_ms: int = Field(-1, ge=-1)
     """-1 keeps events forever: they are the audit trail."""
 
-    snapshot_segment_ms: int = Field(3_600_000, ge=1)
-    """Roll the snapshot topic's active segment after this long: only rolled segments compact."""
+    snapshot_segment_ms: int = Field(60_000, ge=1)
+    """Roll the snapshot topic's active segment after this long: only rolled segments compact, and
+    a restore reads the active segment whole. One minute keeps what a restore reads near the live
+    rollouts' newest states (with turns of seconds to minutes, a minute holds a few snapshots of a
+    rollout), where Kafka's 7 days, or the hour this was before, let every snapshot of the last
+    hour be read again. The cleaner merges small cleaned segments up to
+    ``snapshot_segment_bytes``, so the files per partition do not grow with it. Applied when the
+    topic is created; an existing topic keeps its value (``kafka-configs --alter`` changes it)."""
     snapshot_segment_bytes: int = Field(64 * 1024 * 1024, ge=1)
     """Kafka 4 refuses less than 1 MiB."""
     snapshot_min_cleanable_dirty_ratio: float = Field(0.25, gt=0.0, le=1.0)

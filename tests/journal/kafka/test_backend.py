@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
+import numpy as np
 import pytest
 from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import (
@@ -33,13 +35,13 @@ from rollout_journal.journal.errors import (
     RecordLocation,
     UnstableReadError,
 )
-from rollout_journal.journal.events import BlobChunk, Snapshot
+from rollout_journal.journal.events import BlobChunk, RolloutAcknowledged, RolloutFinished, Snapshot
 from rollout_journal.journal.journal import Cursor, Journal, ReadReport
 from rollout_journal.journal.kafka import readers as readers_module
 from rollout_journal.journal.kafka.backend import KafkaBackend
 from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.restore import load_rollouts
-from rollout_journal.journal.snapshots import SnapshotDraft
+from rollout_journal.journal.snapshots import BLOB_MARK, SnapshotDraft, fence_key
 from tests.support.journal_conformance import header, model_call, started, turn_done
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
@@ -664,6 +666,50 @@ def test_after_the_cleaner_ran_a_corrupt_newest_snapshot_still_falls_back_to_the
         assert any(str(corrupt) in str(e) and "SHA-256" in str(e) for e in index.errors)
         plan = load_rollouts(journal)  # and restore replays the turn the lost snapshot covered
         assert [e.event.header.seq for e in plan.rollouts["r1"].events] == [4]
+
+
+@pytest.mark.timeout(300)
+def test_after_the_cleaner_ran_an_acknowledged_rollout_leaves_only_its_fence(
+    kafka_bootstrap: str, kafka_namespace: str
+) -> None:
+    """What restore reads from a compacted snapshot topic is the live rollouts' state, not history:
+    an acknowledged rollout's snapshots and every chunk of its large states are gone, its fence
+    stays (one record); a live rollout keeps its two slots and their blobs, nothing older."""
+    settings = compacting_settings(kafka_bootstrap, kafka_namespace, partitions=1)
+    rng = np.random.default_rng(7)
+    with Journal(KafkaBackend(settings)) as journal:
+        states: dict[str, list[bytes]] = {"acked": [], "live": []}
+        for turn in range(4):
+            for rollout, kept in states.items():
+                kept.append(rng.bytes(2 * journal.inline_snapshot_limit + turn))  # chunked: a blob per state
+                events = [started(rollout, 0)] if turn == 0 else [turn_done(rollout, turn, turn=turn)]
+                journal.append_sync(events, SnapshotDraft(header(rollout, turn, turn=turn), "running", turn, kept[-1]))
+        journal.append_sync(
+            [RolloutFinished(header("acked", 4), 1.0, 4, "{}")],
+            SnapshotDraft(header("acked", 4), "finished", 4, rng.bytes(2 * journal.inline_snapshot_limit)),
+        )
+        journal.acknowledge(RolloutAcknowledged(header("acked", 5), "trainer")).result()
+
+        def keys_of(seen: dict[str, list[bytes | None]], rollout: str) -> dict[str, list[bytes | None]]:
+            return {k: v for k, v in seen.items() if k == rollout or k.startswith(rollout + "/")}
+
+        def blob_hashes(keys: Iterable[str]) -> set[str]:
+            return {k.split(BLOB_MARK)[1].split("/")[0] for k in keys if BLOB_MARK in k}
+
+        newest_two = {hashlib.sha256(state).hexdigest() for state in states["live"][-2:]}
+        seen = wait_for_compaction(
+            journal.backend,
+            lambda seen: (
+                list(keys_of(seen, "acked")) == [fence_key("acked")]
+                and all(len(values) == 1 for values in keys_of(seen, "live").values())
+                and blob_hashes(keys_of(seen, "live")) == newest_two
+            ),
+        )
+        assert len(seen[fence_key("acked")]) == 1 and seen[fence_key("acked")][0] is not None
+        assert all(values[0] is not None for values in keys_of(seen, "live").values())
+        plan = load_rollouts(journal)  # restore from what the cleaner left: the newest state, the ack
+        assert plan.rollouts["live"].snapshot is not None and plan.rollouts["live"].snapshot.state == states["live"][-1]
+        assert "acked" in plan.acknowledged and "acked" not in plan.rollouts
 
 
 # -- topics ---------------------------------------------------------------------------------------
