@@ -375,3 +375,34 @@ def test_commit_interval_counts_the_worker_s_transactions_both_ways(kafka_bootst
         (run,) = report["runs"][setting]
         assert run["turns"] == 4 * 2 and run["transactions"] > 0  # counted by the worker, not assumed
     assert report["transactions_per_s_ratio"] > 0 and report["turns_per_s_ratio"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.kafka
+@pytest.mark.timeout(600)
+def test_restore_history_measures_after_the_cleaner_what_history_leaves(kafka_bootstrap: str) -> None:
+    """After the broker's cleaner ran, each rollout leaves three records on the snapshot topic: a
+    live one its two slots and its fence, an acknowledged one its fence and two slot tombstones
+    (its snapshot values gone). A cleaner that never ran, or acknowledgement leaving values behind,
+    fails here."""
+    live = 4
+    report = bench_report(
+        "restore_history.py",
+        "--bootstrap",
+        kafka_bootstrap,
+        "--live",
+        str(live),
+        "--turns",
+        "2",
+        "--rounds",
+        "1",
+        "--segment-ms",
+        "1000",
+        "--wait-s",
+        "240",
+        timeout_s=500,
+    )
+    assert report["after_cleaner"]["snapshot_records"] == {"1x": 3 * live + 3 * live, "10x": 3 * live + 30 * live}
+    before = report["before_cleaner"]["snapshot_records"]
+    assert before["1x"] > 6 * live and before["10x"] > 33 * live
+    assert report["restore_ratio_10x_history_kafka"] > 0
