@@ -158,6 +158,8 @@ class Journal:
         # Appends commit only while the group still assigns the partition under that token.
         self._taken: dict[int, int] = {}
         self._acknowledged: set[str] = set()  # rollouts this writer knows acknowledged (restore, or applied here)
+        self._acknowledging: dict[str, int] = {}  # rollout -> its newest acknowledgement not yet settled
+        self._ack_serial = 0
         self._workloads_stream_checked = False  # register_workload looked for registrations to copy there
         self._committer = GroupCommitter(
             backend,
@@ -285,14 +287,31 @@ class Journal:
             known = self._attempts.get(rollout_id, []) if attempts is None else attempts
             marker = FenceHistory(rollout_id, list(known), header.epoch)
         fence = fence_record(self.codec, marker)
-        return self._committer.submit(
-            lambda: [
-                encoded,
-                *tombstone_records(rollout_id, self._slots.pop(rollout_id, None), keep_fence=True),
-                fence,
-            ],
+        future = self._committer.submit(
+            lambda: [encoded, *tombstone_records(rollout_id, self._slots.get(rollout_id), keep_fence=True), fence],
             check=check,
         )
+        with self._fence_lock:
+            self._ack_serial += 1
+            serial = self._acknowledging[rollout_id] = self._ack_serial
+        # Future's own method: the committer's would make the batch due and skip its linger.
+        Future.add_done_callback(future, lambda done: self._acknowledgement_settled(rollout_id, serial, done))
+        return future
+
+    def _acknowledgement_settled(self, rollout_id: str, serial: int, done: Future[AppendReceipt]) -> None:
+        """Durable (or cancelled by its waiter: the committer commits it all the same): the rollout's
+        slots are gone. Failed: the rollout is not acknowledged here after all, so the
+        acknowledgement can be applied again (and its blobs still be tombstoned); unless a newer
+        acknowledgement of it (a take's, say) was made since, which then decides."""
+        failed = not done.cancelled() and done.exception() is not None
+        with self._fence_lock:
+            if self._acknowledging.get(rollout_id) != serial:
+                return
+            del self._acknowledging[rollout_id]
+            if failed:
+                self._acknowledged.discard(rollout_id)
+        if not failed:
+            self._slots.pop(rollout_id, None)
 
     def request_acknowledgement(
         self, event: RolloutAcknowledged, attempts: Sequence[FenceEntry] | None = None
@@ -488,6 +507,7 @@ class Journal:
                 del self._attempts[rollout_id]
                 self._fence.forget(rollout_id)
             self._acknowledged = {r for r in self._acknowledged if self.partition_of(r) != partition}
+            self._acknowledging = {r: n for r, n in self._acknowledging.items() if self.partition_of(r) != partition}
         for rollout_id in [r for r in self._slots if self.partition_of(r) == partition]:
             self._slots.pop(rollout_id, None)
 

@@ -13,16 +13,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import queue
+import threading
 import time
 from collections.abc import Callable, Collection
 from concurrent.futures import Future
+from dataclasses import dataclass
 
+from rollout_journal.journal.backend import StoredRecord
 from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import ClusterUnreachableError, PartitionFencedError, UnstableReadError
 from rollout_journal.journal.journal import AppendReceipt, Journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
 
-__all__ = ["apply_waiting_acks", "serve_acknowledgements", "take_and_restore"]
+__all__ = ["AckPositions", "apply_waiting_acks", "serve_acknowledgements", "take_and_restore"]
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +92,89 @@ def apply_waiting_acks(journal: Journal, partition: int, plan: RestorePlan) -> N
         backend.acknowledgement_applied(partition, end)  # type: ignore[attr-defined]
 
 
+class AckPositions:
+    """Where a member's applied acknowledgements end, per partition, in order: the position the
+    member's next transaction commits (``acknowledgement_applied``) never passes an acknowledgement
+    that is not durable yet, so one whose append failed is not skipped by a later one that
+    succeeded; it is applied again, and a crash meanwhile leaves it to the next owner. A partition
+    followed anew starts a new round: what an append of an earlier round reports is ignored.
+    (Appends resolve on the journal's committer thread; the loop begins them on its own.)"""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._round: dict[int, int] = {}  # partition -> how many times it was followed anew
+        self._open: dict[int, set[int]] = {}  # partition -> offsets applied, not durable yet
+        self._past: dict[int, int] = {}  # partition -> the offset after the newest one settled
+
+    def restart(self, partitions: Collection[int]) -> None:
+        """Partitions followed anew (taken, or gone): their acknowledgements start again from the
+        committed position."""
+        with self._lock:
+            for partition in partitions:
+                self._round[partition] = self._round.get(partition, 0) + 1
+                self._open.pop(partition, None)
+                self._past.pop(partition, None)
+
+    def round_of(self, partition: int) -> int:
+        with self._lock:
+            return self._round.get(partition, 0)
+
+    def begin(self, partition: int, offset: int) -> None:
+        """An acknowledgement (of the partition's current round) is being applied."""
+        with self._lock:
+            self._open.setdefault(partition, set()).add(offset)
+
+    def durable(self, partition: int, offset: int, round_: int) -> int | None:
+        """The acknowledgement at ``offset`` is durable (or needed nothing): the position the
+        partition's acknowledgements may now be committed at; None for an earlier round's."""
+        with self._lock:
+            if round_ != self._round.get(partition, 0):
+                return None
+            waiting = self._open.setdefault(partition, set())
+            waiting.discard(offset)
+            self._past[partition] = max(self._past.get(partition, 0), offset + 1)
+            return min(waiting) if waiting else self._past[partition]
+
+
+ACK_ATTEMPTS = 6  # applications of one acknowledgement before its position is left to the next owner
+ACK_RETRY_MAX_S = 30.0
+
+
+@dataclass(frozen=True)
+class _AckRetry:
+    """One acknowledgement record being applied: its ``attempt`` (1 first), the partition's round
+    it belongs to, and when it may be applied again after a failure."""
+
+    stored: StoredRecord
+    round_: int
+    attempt: int = 1
+    due: float = 0.0
+
+    def failed(self, why: BaseException | None, idle_s: float) -> _AckRetry | None:
+        """The next attempt, ``idle_s`` doubling per failure (capped); None after the last one."""
+        where = f"acknowledgement of {self.stored.key} ({self.stored.location})"
+        if self.attempt >= ACK_ATTEMPTS:
+            log.error(
+                "%s did not commit in %d attempts (last: %s); its position is held, so the partition's "
+                "next owner applies it again",
+                where,
+                self.attempt,
+                why,
+            )
+            return None
+        delay = min(ACK_RETRY_MAX_S, idle_s * 2 ** (self.attempt - 1))
+        log.log(
+            logging.WARNING if self.attempt == 1 else logging.INFO,
+            "%s did not commit: %s; applying it again in %.1f s (attempt %d of %d)",
+            where,
+            why,
+            delay,
+            self.attempt + 1,
+            ACK_ATTEMPTS,
+        )
+        return dataclasses.replace(self, attempt=self.attempt + 1, due=time.monotonic() + delay)
+
+
 async def serve_acknowledgements(
     journal: Journal,
     owned: Callable[[], Collection[int]],
@@ -99,9 +186,13 @@ async def serve_acknowledgements(
     """(A member's, on its event loop, until cancelled.) Apply the trainer's acknowledgements of
     the partitions ``owned()`` names as they arrive on ``<namespace>.acks`` (from where the group's
     offsets say the last owner stopped), each in the member's next transaction, the position past
-    it committed in a transaction after that; the take (``apply_waiting_acks``) covers those that
-    came while nobody owned the partition. Every member runs it: a fleet's worker and a gateway of
-    the group alike, so an acknowledged rollout's snapshot is tombstoned while its owner lives.
+    it committed in a transaction after that (``AckPositions``: never past one not yet durable); the
+    take (``apply_waiting_acks``) covers those that came while nobody owned the partition. Every
+    member runs it: a fleet's worker and a gateway of the group alike, so an acknowledged rollout's
+    snapshot is tombstoned while its owner lives. One whose append fails (the broker refused the
+    partition's records, a commit that ran out of retries) is applied again while its partition
+    stays here, ``idle_s`` after the first failure and twice as long after each next one, up to
+    ``ACK_ATTEMPTS`` times; then its position stays held (the partition's next owner applies it).
 
     ``on_applied(rollout, partition)``: its acknowledgement was appended (on the event loop);
     ``on_durable``: that append is durable (on the journal's committer thread). A backend without
@@ -111,44 +202,66 @@ async def serve_acknowledgements(
     follower = await asyncio.to_thread(follow) if follow is not None else None
     if follower is None:
         return  # acknowledgements are journaled by the trainer directly
+    positions = AckPositions()
+    failed: queue.SimpleQueue[_AckRetry] = queue.SimpleQueue()  # put on the committer thread
+
+    def settled(retry: _AckRetry, future: Future[AppendReceipt] | None) -> None:
+        stored = retry.stored
+        partition, offset = stored.location.partition, stored.location.offset
+        if future is not None and not future.cancelled() and future.exception() is not None:
+            retry_again = retry.failed(future.exception(), idle_s)
+            if retry_again is not None:
+                failed.put(retry_again)
+            return  # its offset stays open: the position waits (for good, after the last attempt)
+        position = positions.durable(partition, offset, retry.round_)
+        if position is not None:
+            backend.acknowledgement_applied(partition, position)  # type: ignore[attr-defined]
+        if future is not None and on_durable is not None:
+            on_durable(stored.key, partition)
+
+    def apply(retry: _AckRetry) -> None:
+        stored = retry.stored
+        partition = stored.location.partition
+        if partition not in owned():
+            return  # its round ends at the next look: the partition's next owner applies it
+        try:
+            applied = journal.apply_acknowledgement(stored)
+        except PartitionFencedError:  # revoked since owned() looked (the group's thread): not ours now
+            log.info(
+                "acknowledgement of %s: partition %d left this member as it came; its next owner applies it",
+                stored.key,
+                partition,
+            )
+            return
+        positions.begin(partition, stored.location.offset)
+        if applied is None:  # already applied, or stale: only the position moves
+            settled(retry, None)
+            return
+        if on_applied is not None and retry.attempt == 1:
+            on_applied(stored.key, partition)  # acknowledgements are keyed by rollout
+        # Future's own method: the committer's would make the batch due and skip its linger.
+        Future.add_done_callback(applied, lambda future: settled(retry, future))
+
     try:
-        followed: set[int] = set()
+        followed: dict[int, int | None] = {}  # partition -> the assignment it was followed under
         while True:
-            mine = set(owned())
-            if mine != followed:
+            mine = {p: backend.owner_token(p) for p in owned()}
+            if mine != followed:  # taken, gone, or taken anew (under a new token) since the last look
+                positions.restart({p for p in mine.keys() | followed.keys() if mine.get(p) != followed.get(p)})
                 starts = {p: backend.acks_from.get(p) for p in mine}  # type: ignore[attr-defined]
                 await asyncio.to_thread(follower.assign, starts)
                 followed = mine
             if not mine:
                 await asyncio.sleep(idle_s)
                 continue
+            for retry in [failed.get_nowait() for _ in range(failed.qsize())]:
+                if retry.round_ != positions.round_of(retry.stored.location.partition):
+                    continue  # followed anew since: it comes again from the committed position
+                if time.monotonic() < retry.due:
+                    failed.put(retry)
+                else:
+                    apply(retry)
             for stored in await asyncio.to_thread(follower.poll, idle_s):
-                partition, after = stored.location.partition, stored.location.offset + 1
-                if partition not in owned():
-                    continue
-                try:
-                    applied = journal.apply_acknowledgement(stored)
-                except PartitionFencedError:  # revoked since owned() looked (the group's thread): not ours now
-                    log.info(
-                        "acknowledgement of %s: partition %d left this member as it came; its next owner applies it",
-                        stored.key,
-                        partition,
-                    )
-                    continue
-                if applied is None:  # already applied, or stale: only the position moves
-                    backend.acknowledgement_applied(partition, after)  # type: ignore[attr-defined]
-                    continue
-                if on_applied is not None:
-                    on_applied(stored.key, partition)  # acknowledgements are keyed by rollout
-
-                def durable(
-                    future: Future[AppendReceipt], p: int = partition, o: int = after, rollout_id: str = stored.key
-                ) -> None:
-                    if future.exception() is None:
-                        backend.acknowledgement_applied(p, o)  # type: ignore[attr-defined]
-                        if on_durable is not None:
-                            on_durable(rollout_id, p)
-
-                applied.add_done_callback(durable)
+                apply(_AckRetry(stored, positions.round_of(stored.location.partition)))
     finally:
         await asyncio.to_thread(follower.close)

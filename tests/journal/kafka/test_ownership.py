@@ -13,6 +13,7 @@ transaction carries the group's offsets under the member's generation (KIP-447).
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -20,14 +21,19 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
 
 from rollout_journal.journal.backend import OutRecord, Stream, partition_for
 from rollout_journal.journal.deadlines import Deadline
-from rollout_journal.journal.errors import PartitionRevokedError, TransactionRestartedError
+from rollout_journal.journal.errors import (
+    PartitionRevokedError,
+    RecordLocation,
+    RecordsRefusedError,
+    TransactionRestartedError,
+)
 from rollout_journal.journal.events import Header, RolloutAcknowledged
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.kafka.backend import KafkaBackend
@@ -48,15 +54,21 @@ def settings(kafka_bootstrap: str, kafka_namespace: str) -> KafkaSettings:
     return KafkaSettings(bootstrap_servers=kafka_bootstrap, namespace=kafka_namespace, partitions=PARTITIONS)
 
 
+def rollouts_on(partition: int, count: int) -> list[str]:
+    return [f"r{i}" for i in range(1000) if partition_for(f"r{i}", PARTITIONS) == partition][:count]
+
+
 def rollout_on(partition: int) -> str:
-    return next(f"r{i}" for i in range(1000) if partition_for(f"r{i}", PARTITIONS) == partition)
+    return rollouts_on(partition, 1)[0]
 
 
 class Member:
     """A journal that is a member of the namespace's group, taking what it is assigned."""
 
-    def __init__(self, settings: KafkaSettings, name: str, *, linger_ms: float = 2.0) -> None:
-        self.backend = KafkaBackend(settings, member=name)
+    def __init__(
+        self, settings: KafkaSettings, name: str, *, linger_ms: float = 2.0, backend: type[KafkaBackend] = KafkaBackend
+    ) -> None:
+        self.backend = backend(settings, member=name)
         self.journal = Journal(self.backend, linger_ms=linger_ms)
         self.taken: dict[int, int] = {}
         self.changed = threading.Condition()
@@ -296,3 +308,89 @@ def test_the_ack_loop_goes_on_when_an_acknowledged_partition_is_revoked_as_it_ap
     with Journal(KafkaBackend(member.backend.settings, transactional=False, create_topics=False)) as reader:
         assert [type(e.event).__name__ for e in reader.read_rollout(lost)] == []  # its next owner applies it
         assert [type(e.event).__name__ for e in reader.read_rollout(kept)] == ["RolloutAcknowledged"]
+
+
+class RefusingBackend(KafkaBackend):
+    """A member's backend on the real broker whose partition batches that carry the events of the
+    rollout ``refusing`` names come back refused, as the broker refuses records too large or
+    invalid (``RecordsRefusedError`` for that partition alone); the others commit."""
+
+    refusing: str | None = None
+
+    def commit_partitions(
+        self, batches: Mapping[int, Sequence[OutRecord]]
+    ) -> dict[int, list[RecordLocation] | BaseException]:
+        target = self.refusing
+        refused = {
+            p for p, records in batches.items() if any(r.stream is Stream.EVENTS and r.key == target for r in records)
+        }
+        out: dict[int, list[RecordLocation] | BaseException] = {
+            p: RecordsRefusedError(f"partition {p} refused (test)", {p: "refused by the test"}) for p in refused
+        }
+        out.update(super().commit_partitions({p: r for p, r in batches.items() if p not in refused}))
+        return out
+
+
+def test_an_acknowledgement_whose_append_failed_is_applied_again(
+    settings: KafkaSettings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The trainer acknowledges a rollout; its append fails (the broker refused its partition's
+    records) while the partition stays owned: the member commits no acks position past it, and
+    applies it again until it commits. Before, a failed one was marked applied in memory and never
+    applied again: its rollout stayed unacknowledged for good, and the next acknowledgement that
+    committed moved the position past it (``AckPositions`` keeps that order)."""
+    member = Member(settings, "m1", linger_ms=50, backend=RefusingBackend)
+    try:
+        member.wait_for({0, 1})
+        acked, other = rollout_on(0), rollout_on(1)  # other's appends: transactions that A's refusal spares
+        backend = member.backend
+        assert isinstance(backend, RefusingBackend)
+        backend.refusing = acked
+        trainer = Journal(KafkaBackend(settings, transactional=False, create_topics=False))
+        try:
+            header = Header(acked, "g", 1, 1, 0, 0, Header.now_ms(), "trainer")
+            trainer.request_acknowledgement(RolloutAcknowledged(header, "trainer")).result(timeout=60)
+        finally:
+            trainer.close()
+        durable: list[str] = []
+        seqs = itertools.count()
+
+        def committed_ack_position() -> int | None:
+            """The acks position the group holds after one more transaction of the member's (its
+            every transaction commits the acks positions of all its partitions)."""
+            seq = next(seqs)
+            member.journal.append_sync([started(other, 0) if seq == 0 else turn_done(other, seq, turn=seq)])
+            return backend.commit_points([0])[(backend.acks_topic, 0)]
+
+        def refusals() -> int:
+            return sum(1 for r in caplog.records if acked in r.getMessage() and "did not commit" in r.getMessage())
+
+        async def serve() -> tuple[int | None, int | None]:
+            task = asyncio.create_task(
+                serve_acknowledgements(member.journal, lambda: {0, 1}, on_durable=lambda rid, p: durable.append(rid))
+            )
+            try:
+                deadline = Deadline(120)
+                while refusals() < 2:  # refused, applied again, refused again
+                    assert not task.done(), f"the ack loop ended: {task.exception()!r}"
+                    assert not deadline.passed(), f"refusals seen: {refusals()}"
+                    await asyncio.sleep(0.05)
+                while_refused = await asyncio.to_thread(committed_ack_position)
+                backend.refusing = None
+                while acked not in durable:
+                    assert not task.done(), f"the ack loop ended: {task.exception()!r}"
+                    assert not deadline.passed(), f"{acked} never applied again"
+                    await asyncio.sleep(0.05)
+                return while_refused, await asyncio.to_thread(committed_ack_position)
+            finally:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+
+        with caplog.at_level("INFO", logger="rollout_journal.journal.takeover"):
+            while_refused, after = asyncio.run(serve())
+    finally:
+        member.close()
+    with Journal(KafkaBackend(settings, transactional=False, create_topics=False)) as reader:
+        assert [type(e.event).__name__ for e in reader.read_rollout(acked)] == ["RolloutAcknowledged"]
+    assert while_refused is None or while_refused == 0  # the acknowledgement at offset 0 not passed
+    assert after == 1
