@@ -241,8 +241,6 @@ def failover(bootstrap: str, work: Path, quick: bool, cluster: Any = None, broke
             _, numbers, read_s, admit_s = line.split()
             if {int(p) for p in numbers.split(",")} & moved:
                 phases.append((float(read_s), float(admit_s)))
-    audit = audit_journal(url, config)
-    reported = reported_turns(workers)
     return kills | {
         "workers_exited": len(exited),
         "workers": 3,
@@ -255,12 +253,35 @@ def failover(bootstrap: str, work: Path, quick: bool, cluster: Any = None, broke
             "take_writers_and_read": round(max((p[0] for p in phases), default=0), 2),
             "restore_and_fence": round(max((p[1] for p in phases), default=0), 2),
         },
-        "session_timeout_seconds": KafkaSettings.model_fields["group_session_timeout_ms"].default / 1000,
+        "session_timeout_seconds": session_timeout_seconds(),
+        **audit_figures(url, config, workers, reference),
+    }
+
+
+def session_timeout_seconds() -> float:
+    """The group's session timeout a worker runs with (its default): how long a SIGKILLed
+    member's partitions wait before they move."""
+    return KafkaSettings.model_fields["group_session_timeout_ms"].default / 1000
+
+
+def audit_figures(
+    url: str, config: WorkloadConfig, workers: list, reference: dict[str, dict | None] | None = None
+) -> dict[str, Any]:
+    """What the journal holds against what the ``workers`` reported durable: ``turns_lost`` (a
+    turn reported durable that a fenced read does not find exactly once), ``duplicate_turns`` (a
+    turn's ``TurnCompleted`` written twice), ``zombie_writes_visible`` (events of a superseded
+    attempt after the newer one started, or dropped by readers); with ``reference`` (a run without
+    journal or faults), ``identical_to_uninterrupted``."""
+    audit = audit_journal(url, config)
+    reported = reported_turns(workers)
+    figures: dict[str, Any] = {
         "turns_lost": sum(1 for turn in reported if audit.turns_standing[turn] != 1),
         "duplicate_turns": sum(count - 1 for count in audit.turns_written.values() if count > 1),
         "zombie_writes_visible": len(audit.fenced) + len(audit.by_writer_after_takeover),
-        "identical_to_uninterrupted": audit.outcomes == reference,
     }
+    if reference is not None:
+        figures["identical_to_uninterrupted"] = audit.outcomes == reference
+    return figures
 
 
 def throughput(bootstrap: str, work: Path, quick: bool) -> dict:

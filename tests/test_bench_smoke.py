@@ -297,6 +297,27 @@ def test_fleet_reports_its_failover_handoff_and_race_figures(kafka_bootstrap: st
 
 
 @pytest.mark.slow
+@pytest.mark.kafka
+def test_fleet_scale_reports_per_member_costs_and_audits_the_journal(kafka_bootstrap: str) -> None:
+    """bench/fleet_scale.py --smoke on the session's broker: several members per process, each its
+    own group member and producer; every figure is there and the audit's counters are zero."""
+    report = bench_report(
+        "fleet_scale.py",
+        "--smoke",
+        "--bootstrap",
+        kafka_bootstrap,
+        timeout_s=900,
+        env={k: v for k, v in os.environ.items() if k != "KAFKA_BOOTSTRAP_SERVERS"},
+    )
+    assert report["members_reporting"] == report["members"] == 6 and report["processes"] == 2
+    assert report["members_that_took_partitions"] == 6  # 24 partitions: every member owns some
+    for key in ("transactions_per_worker_s", "idle_requests_per_worker_s", "session_timeout_seconds"):
+        assert report[key] > 0, key
+    assert report["turns_lost"] == report["duplicate_turns"] == report["zombie_writes_visible"] == 0
+    assert report["processes_exited"] == 0
+
+
+@pytest.mark.slow
 def test_training_data_reports_every_figure_per_backend() -> None:
     report = bench_report(
         "training_data.py",

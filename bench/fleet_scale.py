@@ -1,0 +1,330 @@
+"""A fleet at scale on a local 3-broker cluster: many group members on many partitions, what one
+member costs the cluster, and what the fleet keeps through broker restarts.
+
+    python bench/fleet_scale.py [--json] [--members 50] [--per-process 5] [--partitions 256]
+                                [--groups 40] [--siblings 4] [--turns 5] [--turn-delay-ms 400]
+                                [--broker-kills 2] [--idle-window-s 10] [--bootstrap HOST:PORT,...]
+                                [--with-sub-benches] [--smoke]
+
+Starts a local 3-broker cluster (replication 3, ``min.insync.replicas=2``; or uses
+``--bootstrap``), creates a namespace of ``--partitions`` partitions, submits one workload and runs
+``--members`` members of the namespace's group, ``--per-process`` of them per process: each member
+is a :class:`FleetWorker` (the code of ``rollout-journal worker``) with its own consumer-group
+membership and its own transactional producer, so the brokers see ``--members`` members and
+producers; a process hosts several only because this 2-core machine cannot hold 50 Python
+processes with torch. The model is not under test: the embedded tiny Llama (CPU torch) with
+``max_tokens`` 8 stands in for it, and ``--turn-delay-ms`` of simulated environment latency per
+turn spreads the turns over time as real tool calls would.
+
+While the workload runs, a broker is SIGKILLed, left down until the fleet commits again, and
+restarted, ``--broker-kills`` times (``bench/fleet.py``'s drill). Once every rollout finished, the
+members idle for ``--idle-window-s``, and the kernel's counters of their sockets to the brokers
+are read (``bench/idle_requests.py``'s method). Then the members stop and the journal is audited.
+
+Figures (per member, over the busy window from the first durable turn to the last):
+
+- ``transactions_per_worker_s``: transactions a member committed per second, the mean over
+  members, with ``transactions_per_worker_s_max`` (goal <= 10: one per commit interval);
+- ``turns_per_transaction``: how many turns one transaction carried, over the fleet;
+- ``idle_requests_per_worker_s``: requests (TCP data segments) an idle member sends the brokers
+  per second, with ``idle_received_bytes_per_worker_s``;
+- ``broker_restarts_survived`` of ``broker_kills``: kills after which every process still ran;
+- ``turns_lost``, ``duplicate_turns``, ``zombie_writes_visible``: the journal against what the
+  members reported durable (goal 0 each);
+- ``session_timeout_seconds``: the group's session timeout the members run with.
+
+``--with-sub-benches`` runs, on the same cluster and in the same run, the benchmarks that measure
+the rest of the issue's figures in their own set-ups and copies their headline figures here:
+``bench/restore_history.py`` (``restore_ratio_10x_history_kafka``), ``bench/replay_scan.py``
+(``list_speedup_vs_raw_scan``: ``replay list``'s events/s over a raw consumer's; a summary per
+rollout would make it a speed-up, not a fraction) and ``bench/fleet.py``'s hand-off with 60 s
+turns (``handoff_seconds_p99``). ``--smoke`` (the suite's): one broker is enough, 6 members on 24
+partitions, tiny sizes, no broker kills.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import print_report  # noqa: E402
+from bench.fleet import audit_figures, kill_brokers, session_timeout_seconds  # noqa: E402
+from bench.idle_requests import socket_counters  # noqa: E402
+from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
+from rollout_journal.participants.workload.specs import workload_specs  # noqa: E402
+from tests.support.fleet_support import (  # noqa: E402
+    WorkerProcess,
+    child_environment,
+    every_turn_reported,
+    submit,
+    wait_for,
+    workload_yaml,
+)
+from tests.support.paths import REPO_ROOT  # noqa: E402
+
+REPLICATION = "&replication_factor=3&min_insync_replicas=2"  # --smoke: the cluster's own
+MEMBER_REPORT = "member-report "
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# -- the host process: several members of the group in one event loop --------------------------------
+
+
+def host_main(args: argparse.Namespace) -> None:
+    """``--members-here`` FleetWorkers in one event loop, each its own group member and producer.
+    Prints every durable turn and membership event as ``rollout-journal worker --progress-lines``
+    does (so ``WorkerProcess`` follows it), and at SIGTERM one ``member-report`` line per member."""
+    from rollout_journal.participants.workload.worker import FleetWorker
+    from rollout_journal.replay.cli.crash import PROGRESS_LINE
+
+    def on_turn(rollout_id: str, turn: int) -> None:
+        print(f"{PROGRESS_LINE} {rollout_id} {turn}", flush=True)
+
+    members = [
+        FleetWorker(args.url, name=f"{args.prefix}-m{i}", on_turn=on_turn, on_event=lambda line: None)
+        for i in range(args.members_here)
+    ]
+
+    async def run() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        print("members-started", flush=True)
+        reports = await asyncio.gather(*(member.run(stop) for member in members))
+        for member, report in zip(members, reports, strict=True):
+            registry = member.metrics.registry
+            row = {
+                "member": member.name,
+                "transactions": registry.get_sample_value("rj_transactions_total") or 0.0,
+                "turns": registry.get_sample_value("rj_turns_total") or 0.0,
+                "partitions_taken": report.partitions_taken,
+            }
+            print(MEMBER_REPORT + json.dumps(row), flush=True)
+
+    asyncio.run(run())
+
+
+def start_host(url: str, prefix: str, members: int, work: Path) -> WorkerProcess:
+    err_path = work / f"{prefix}.err"
+    command = [sys.executable, __file__, "--host", "--url", url, "--prefix", prefix, "--members-here", str(members)]
+    process = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=child_environment(),
+        stdout=subprocess.PIPE,
+        stderr=err_path.open("w"),
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    host = WorkerProcess(prefix, process, err_path)
+    threading.Thread(target=host.follow, name=f"follow-{prefix}", daemon=True).start()
+    return host
+
+
+def member_reports(host: WorkerProcess) -> list[dict[str, Any]]:
+    return [json.loads(line.removeprefix(MEMBER_REPORT)) for _, line in host.seen(MEMBER_REPORT)]
+
+
+# -- the run -----------------------------------------------------------------------------------------
+
+
+def workload(url: str, args: argparse.Namespace) -> WorkloadConfig:
+    return WorkloadConfig.model_validate(
+        {
+            "name": "scale",
+            "groups": args.groups,
+            "siblings": args.siblings,
+            "max_turns": args.turns,
+            "environment": "workplace,counter",
+            "seed": 11,
+            "allow_early_submit": False,
+            "turn_delay_ms": args.turn_delay_ms,
+            "snapshot_every_turns": 2,
+            "journal": url,
+            "model": {"max_tokens": 8},
+        }
+    )
+
+
+def idle_requests(hosts: list[WorkerProcess], bootstrap: str, members: int, window_s: float) -> dict[str, float]:
+    """Requests and received bytes per idle member per second, from every host's sockets to every broker."""
+    ports = [int(server.rsplit(":", 1)[1]) for server in bootstrap.split(",")]
+
+    def totals() -> tuple[int, int]:
+        sent = received = 0
+        for host in hosts:
+            for port in ports:
+                s, r = socket_counters(host.process.pid, port)
+                sent, received = sent + s, received + r
+        return sent, received
+
+    sent0, received0 = totals()
+    started = time.monotonic()
+    time.sleep(window_s)
+    sent1, received1 = totals()
+    seconds = time.monotonic() - started
+    return {
+        "idle_requests_per_worker_s": round((sent1 - sent0) / seconds / members, 2),
+        "idle_received_bytes_per_worker_s": round((received1 - received0) / seconds / members, 1),
+    }
+
+
+def run_fleet(bootstrap: str, work: Path, args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
+    url = f"kafka://{bootstrap}/bench-scale-{uuid.uuid4().hex[:8]}?partitions={args.partitions}{REPLICATION}"
+    config = workload(url, args)
+    rollouts = len(workload_specs(config))
+    counts = [args.per_process] * (args.members // args.per_process)
+    if args.members % args.per_process:
+        counts.append(args.members % args.per_process)
+    log(
+        f"fleet scale: {args.members} members in {len(counts)} processes, {args.partitions} partitions, "
+        f"{rollouts} rollouts x {config.max_turns} turns"
+    )
+    hosts = [start_host(url, f"h{i}", n, work) for i, n in enumerate(counts)]
+    try:
+        wait_for(lambda: all(h.seen("members-started") for h in hosts), 300, "every host to start", hosts)
+        joined = time.monotonic()
+        submit(url, workload_yaml(work / "scale.yaml", **config.model_dump(mode="json", exclude={"journal"})))
+        log("fleet scale: workload submitted")
+        wait_for(lambda: any(h.committed() for h in hosts), 600, "a first durable turn", hosts)
+        kills = {"broker_kills": 0, "broker_kills_survived": 0}
+        if cluster is not None and args.broker_kills:
+            kills = kill_brokers(cluster, hosts, config, args.broker_kills)
+        wait_for(lambda: every_turn_reported(hosts, config), 1800, "every rollout to finish", hosts)
+        times = [t for h in hosts for t, _, _ in h.committed()]
+        busy_s = max(times) - min(times)
+        log(f"fleet scale: every rollout finished, {busy_s:.1f} s from the first durable turn to the last; idling")
+        time.sleep(args.idle_settle_s)
+        idle = idle_requests(hosts, bootstrap, args.members, args.idle_window_s)
+        exited = [h.name for h in hosts if h.process.poll() is not None]
+        for host in hosts:
+            host.stop(timeout_s=180)
+    finally:
+        for host in hosts:
+            if host.process.poll() is None:
+                host.process.kill()
+    rows = [row for h in hosts for row in member_reports(h)]
+    per_member = sorted(row["transactions"] / busy_s for row in rows)
+    transactions = sum(row["transactions"] for row in rows)
+    return (
+        {
+            "members": args.members,
+            "processes": len(hosts),
+            "partitions": args.partitions,
+            "rollouts": rollouts,
+            "turns": rollouts * config.max_turns,
+            "busy_seconds": round(busy_s, 1),
+            "join_to_first_turn_seconds": round(min(times) - joined, 1),
+            "members_reporting": len(rows),
+            "members_that_took_partitions": sum(1 for row in rows if row["partitions_taken"]),
+            "transactions_per_worker_s": round(sum(per_member) / max(len(per_member), 1), 2),
+            "transactions_per_worker_s_max": round(max(per_member, default=0.0), 2),
+            "turns_per_transaction": round(sum(row["turns"] for row in rows) / max(transactions, 1), 2),
+            "processes_exited": len(exited),
+            "broker_kills": kills["broker_kills"],
+            "broker_restarts_survived": kills["broker_kills_survived"],
+            "session_timeout_seconds": session_timeout_seconds(),
+        }
+        | idle
+        | audit_figures(url, config, hosts)
+    )
+
+
+def sub_benches(bootstrap: str) -> dict[str, Any]:
+    """The issue's other figures, each from its own benchmark on the same cluster, in this run."""
+
+    def run(script: str, *extra: str) -> dict[str, Any]:
+        log(f"fleet scale: running bench/{script} {' '.join(extra)}")
+        done = subprocess.run(
+            [sys.executable, str(REPO_ROOT / "bench" / script), "--json", *extra],
+            cwd=REPO_ROOT,
+            env=child_environment() | {"KAFKA_BOOTSTRAP_SERVERS": bootstrap},
+            stdout=subprocess.PIPE,
+            text=True,
+            check=True,
+        )
+        return json.loads(done.stdout)
+
+    restore = run("restore_history.py")
+    scan = run("replay_scan.py", "--events", "200000", "--rounds", "1")
+    handoff = run("fleet.py", "--bootstrap", bootstrap, "--skip-throughput", "--no-broker-kills", "--races", "0")
+    return {
+        "restore_ratio_10x_history_kafka": restore.get("restore_ratio_10x_history_kafka", restore.get("ratio")),
+        "list_speedup_vs_raw_scan": scan.get("ratio"),
+        "handoff_seconds_p99": handoff.get("handoff_seconds_p99"),
+        "handoff_turn_seconds": handoff.get("handoff_turn_seconds"),
+    }
+
+
+def main() -> int:
+    os.environ.pop("KAFKA_BOOTSTRAP_SERVERS", None)  # it would replace the servers of every URL here
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--members", type=int, default=50)
+    parser.add_argument("--per-process", type=int, default=5)
+    parser.add_argument("--partitions", type=int, default=256)
+    parser.add_argument("--groups", type=int, default=40)
+    parser.add_argument("--siblings", type=int, default=4)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--turn-delay-ms", type=float, default=400.0)
+    parser.add_argument("--broker-kills", type=int, default=2)
+    parser.add_argument("--idle-settle-s", type=float, default=5.0)
+    parser.add_argument("--idle-window-s", type=float, default=10.0)
+    parser.add_argument("--bootstrap", help="a running 3-broker cluster (default: start one for the run)")
+    parser.add_argument("--with-sub-benches", action="store_true", help="restore_history, replay_scan, fleet hand-off")
+    parser.add_argument("--smoke", action="store_true", help="the suite's cheap run (see the module docstring)")
+    parser.add_argument("--host", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--members-here", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.host:
+        host_main(args)
+        return 0
+    global REPLICATION
+    if args.smoke:
+        REPLICATION = ""
+        args.members, args.per_process, args.partitions = 6, 3, 24
+        args.groups, args.siblings, args.turns, args.turn_delay_ms = 4, 2, 2, 50.0
+        args.broker_kills, args.idle_settle_s, args.idle_window_s, args.with_sub_benches = 0, 1.0, 2.0, False
+    with tempfile.TemporaryDirectory(prefix="rj-bench-fleet-scale-") as tmp:
+        work = Path(tmp)
+        cluster = None
+        if args.bootstrap:
+            bootstrap = args.bootstrap
+        else:
+            from rollout_journal.compose.local_broker import start_local_cluster
+
+            log("starting a local 3-broker cluster ...")
+            cluster = start_local_cluster(3, work / "kafka3")
+            bootstrap = cluster.bootstrap_servers
+        try:
+            report = run_fleet(bootstrap, work, args, cluster)
+            if args.with_sub_benches:
+                report |= sub_benches(bootstrap)
+        finally:
+            if cluster is not None:
+                cluster.stop()
+    print_report(report, args.json)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
