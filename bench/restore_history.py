@@ -26,8 +26,9 @@ data: the first is the baseline of the second.
 cleaner (issue goal <= 1.2). ``snapshot_records``: what each snapshot topic held (a restore
 reads every one); ``event_records_read``: the events a restore read after them. What a
 compacted topic keeps of a past rollout is its fence (kept so a zombie never brings it back)
-and its two slot tombstones (until ``snapshot_delete_retention_ms``, a day by default): the
-part of a restore that still grows with history.
+and its two slot tombstones (until ``snapshot_delete_retention_ms``, 10 minutes by default): the
+part of a restore that still grows with history. Each phase takes one census of each snapshot
+topic (records per key): after the cleaner, the one that showed it done.
 """
 
 from __future__ import annotations
@@ -120,8 +121,9 @@ def restore_once(settings: KafkaSettings, live: int) -> tuple[float, int]:
     return seconds, plan.report.records_read
 
 
-def timed(namespaces: dict[str, KafkaSettings], live: int, rounds: int) -> dict:
-    """Each namespace restored ``rounds`` times, the order alternating; medians and per-round ratios."""
+def timed(namespaces: dict[str, KafkaSettings], live: int, rounds: int, counted: dict[str, Counter[str]]) -> dict:
+    """Each namespace restored ``rounds`` times, the order alternating; medians and per-round ratios,
+    and what ``counted`` (the phase's census of each snapshot topic) found."""
     seconds: dict[str, list[float]] = {name: [] for name in namespaces}
     records: dict[str, int] = {}
     for round_ in range(rounds):
@@ -132,7 +134,7 @@ def timed(namespaces: dict[str, KafkaSettings], live: int, rounds: int) -> dict:
     ratios = [ten / one for one, ten in zip(seconds["1x"], seconds["10x"], strict=True)]
     return {
         "restore_seconds": {name: round(median(values), 4) for name, values in seconds.items()},
-        "snapshot_records": {name: snapshot_keys(s).total() for name, s in namespaces.items()},
+        "snapshot_records": {name: keys.total() for name, keys in counted.items()},
         "event_records_read": records,
         "ratio_10x_vs_1x": round(median(ratios), 3),
         "round_ratios": [round(r, 3) for r in ratios],
@@ -145,24 +147,31 @@ def snapshot_keys(settings: KafkaSettings) -> Counter[str]:
         return Counter(record.key for record in backend.read_snapshots() if record.key != FILLER_KEY)
 
 
-def keys_written_twice(settings: KafkaSettings) -> int:
-    """Keys that the snapshot topic still holds more than one record of: 0 once the cleaner
-    compacted everything written before the filler rolled the active segment."""
-    return sum(1 for count in snapshot_keys(settings).values() if count > 1)
+def census(namespaces: dict[str, KafkaSettings]) -> dict[str, Counter[str]]:
+    """Records per key of each namespace's snapshot topic: one read of each."""
+    return {name: snapshot_keys(settings) for name, settings in namespaces.items()}
 
 
-def wait_for_cleaner(namespaces: dict[str, KafkaSettings], wait_s: float) -> float:
+def keys_written_twice(keys: Counter[str]) -> int:
+    """Keys that a census found more than one record of: 0 once the cleaner compacted everything
+    written before the filler rolled the active segment."""
+    return sum(1 for count in keys.values() if count > 1)
+
+
+def wait_for_cleaner(namespaces: dict[str, KafkaSettings], wait_s: float) -> tuple[float, dict[str, Counter[str]]]:
     """Append a tombstone to each snapshot topic every few seconds (it rolls the active segment once
-    ``segment.ms`` passed) until no key of either topic has more than one record; the seconds it took."""
+    ``segment.ms`` passed) until no key of either topic has more than one record; the seconds it took,
+    and the census that found it so (the after-cleaner phase's: the topics are not read again)."""
     started = time.monotonic()
     writers = {name: KafkaBackend(s, create_topics=False) for name, s in namespaces.items()}
     try:
         while True:
             for backend in writers.values():
                 backend.commit([OutRecord(Stream.SNAPSHOTS, FILLER_KEY, None, FILLER_KEY)])
-            left = {name: keys_written_twice(s) for name, s in namespaces.items()}
+            found = census(namespaces)
+            left = {name: keys_written_twice(keys) for name, keys in found.items()}
             if not any(left.values()):
-                return time.monotonic() - started
+                return time.monotonic() - started, found
             if time.monotonic() - started > wait_s:
                 raise SystemExit(f"the cleaner did not compact within {wait_s:.0f} s: keys with older records {left}")
             log(f"waiting for the cleaner: keys with older records still there {left}")
@@ -204,10 +213,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"writing {name}: {args.live} live + {past[name]} acknowledged rollouts x {args.turns} turns")
             write_namespace(settings, args.live, past[name], args.turns, args.state_bytes)
         log("restoring before the cleaner ran ...")
-        before = timed(namespaces, args.live, args.rounds)
-        waited = wait_for_cleaner(namespaces, args.wait_s)
+        before = timed(namespaces, args.live, args.rounds, census(namespaces))
+        waited, compacted = wait_for_cleaner(namespaces, args.wait_s)
         log(f"the cleaner compacted both topics after {waited:.0f} s; restoring again ...")
-        after = timed(namespaces, args.live, args.rounds)
+        after = timed(namespaces, args.live, args.rounds, compacted)
     report = {
         "restore_ratio_10x_history_kafka": after["ratio_10x_vs_1x"],
         "after_cleaner": after,

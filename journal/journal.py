@@ -431,7 +431,10 @@ class Journal:
         return self._snapshot_registrations()
 
     def tombstone(self, rollout_id: str) -> Future[AppendReceipt]:
-        """Drop everything a rollout holds in the compacted stream: snapshots, blob chunks, fence."""
+        """Drop everything a rollout holds in the compacted stream: snapshots, blob chunks, fence.
+        It leaves no marker: a read that outlasts the stream's tombstone retention (Kafka's
+        ``delete.retention.ms``, 10 minutes by default) may miss these tombstones and see the rollout as it
+        was. A rollout that must stay gone is acknowledged instead: its fence stays."""
         with self._fence_lock:
             self._attempts.pop(rollout_id, None)
         return self._committer.submit(lambda: tombstone_records(rollout_id, self._slots.pop(rollout_id, None)))

@@ -20,7 +20,10 @@ the newest ``AttemptStarted`` there; it reads as a history of one). A snapshot o
 an older epoch counts only if it precedes the fence in the stream; one written
 after it comes from a zombie attempt and is ignored. Acknowledgement tombstones
 the snapshots and keeps the fence, marked acknowledged at the rollout's epoch, so
-a zombie's snapshot written afterwards never brings the rollout back.
+a zombie's snapshot written afterwards never brings the rollout back. A slot value
+before that fence is moot, not a zombie's: its tombstone came with the fence, and a
+read that outlasts the topic's ``delete.retention.ms`` may miss it (the cleaner
+removes it while the read runs).
 """
 
 from __future__ import annotations
@@ -231,7 +234,10 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             candidates.setdefault(slot_of[0], []).extend((slot_of[1], record) for record in records)
     for rollout_id, found in candidates.items():
         fence = index.fences.get(rollout_id)
-        if fence is not None and fence.acknowledged:  # its snapshots were tombstoned: these came later
+        if fence is not None and fence.acknowledged:  # its snapshots were tombstoned with this fence
+            # One transaction wrote the slots' tombstones and this fence. A value before the fence is one
+            # whose tombstone this read missed (the cleaner removed it, past delete.retention.ms, while a
+            # long read ran): moot. Only a value after the fence was written since, by a zombie.
             index.errors.extend(
                 CorruptRecordError(
                     record.location,
@@ -239,6 +245,7 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
                     f"at epoch {fence.acknowledged_epoch}: a zombie attempt's; ignored",
                 )
                 for _, record in found
+                if record.location.offset > fence.location.offset
             )
             continue
         index.snapshots[rollout_id] = None

@@ -142,8 +142,13 @@ class KafkaSettings(BaseModel):
     snapshot_min_cleanable_dirty_ratio: float = Field(0.25, gt=0.0, le=1.0)
     """Lower than Kafka's 0.5: restore reads the whole snapshot topic, so keep garbage low."""
     snapshot_min_compaction_lag_ms: int = Field(0, ge=0)
-    snapshot_delete_retention_ms: int = Field(86_400_000, ge=0)
-    """How long a tombstone (acknowledged rollout) stays readable after compaction."""
+    snapshot_delete_retention_ms: int = Field(600_000, ge=0)
+    """How long a tombstone stays readable after compaction. Every take reads the two slot tombstones
+    of each rollout acknowledged on its partition within this span: with Kafka's day, a take's cost
+    grew with a day of history; with ten minutes, only the last ten count. A read that outlasts it may see
+    a slot's value and miss its tombstone: that value lies before the rollout's acknowledged fence
+    (one transaction wrote both), so readers ignore it (``journal.snapshots``). Applied when the
+    topic is created; an existing topic keeps its value (``kafka-configs --alter`` changes it)."""
 
     linger_ms: int = Field(5, ge=0)
     batch_size: int = Field(1_000_000, ge=1)
