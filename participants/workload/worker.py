@@ -581,6 +581,7 @@ class FleetWorker:
                     return
                 self.owned.add(partition)
                 await self._admit_partition(partition, chosen, plan)
+                await self._admit_late(partition)  # workloads picked up while this take read
                 # Where a takeover's time goes: the commit point and reading, then restoring and fencing.
                 self.on_event(f"takeover-seconds {partition} {read_s:.3f} {time.monotonic() - started - read_s:.3f}")
                 self.metrics.restored(time.monotonic() - started)
@@ -620,21 +621,34 @@ class FleetWorker:
 
     async def _admit_new(self) -> None:
         """Workloads picked up after their partitions were taken: admit their rollouts there now."""
+        for partition in sorted(self.owned):
+            await self._admit_late(partition)
+
+    async def _admit_late(self, partition: int) -> None:
+        """Admit on ``partition`` (taken) the rollouts of every workload not admitted there yet: one
+        picked up after the take, or while the take read (the take admits the workloads it started
+        with; a pick-up meanwhile found the partition not yet owned). Each workload is claimed on
+        the partition before its read, so the take and a pick-up never both admit it; a partition
+        revoked, or taken anew, during the read admits nothing here (its new take does)."""
         journal = self._journal
         assert journal is not None
         for workload in list(self.workloads.values()):
-            for partition in sorted(self.owned - workload.partitions):
-                ids = {rid for rid in workload.ids if journal.partition_of(rid) == partition}
-                plan = await asyncio.to_thread(load_rollouts, journal, partitions={partition}, only=ids)
-                if partition in self.owned:
-                    await self._admit_partition(partition, [workload], plan)
+            if partition not in self.owned or partition in workload.partitions:
+                continue
+            token = journal.backend.owner_token(partition)
+            workload.partitions.add(partition)  # claimed: a revocation clears it again
+            ids = {rid for rid in workload.ids if journal.partition_of(rid) == partition}
+            plan = await asyncio.to_thread(load_rollouts, journal, partitions={partition}, only=ids)
+            if partition in self.owned and journal.backend.owner_token(partition) == token:
+                await self._admit_partition(partition, [workload], plan)
 
     async def _admit_partition(self, partition: int, chosen: list[_Workload], plan: RestorePlan) -> None:
         """Admit what ``chosen`` workloads have on ``partition`` from ``plan`` and drive it."""
         journal = self._journal
         assert journal is not None
-        for workload in chosen:
+        for workload in chosen:  # every one claimed before the first await: see _admit_late
             workload.partitions.add(partition)
+        for workload in chosen:
             specs = [s for s in workload.specs if journal.partition_of(s.rollout_id) == partition]
             report = workload.runner.report  # what restore read and stepped over, as the file journal's run reports
             report.read_errors.extend(e for e in map(str, plan.report.errors) if e not in report.read_errors)

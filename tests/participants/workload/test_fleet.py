@@ -11,14 +11,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from rollout_journal.journal.backend import partition_for
 from rollout_journal.journal.open import open_journal
+from rollout_journal.journal.restore import RestorePlan
 from rollout_journal.participants.workload.config import FailurePolicy, WorkloadConfig
 from rollout_journal.participants.workload.specs import workload_specs
 from tests.support.failures import run_killing
@@ -276,3 +280,56 @@ def test_a_workload_submitted_to_an_idle_worker_is_picked_up_and_run(
         assert worker.stop() == 0, worker.stderr()[-2000:]
     report = worker.report()
     assert report["finished_here"] == 2
+
+
+def test_a_workload_picked_up_while_a_take_reads_is_admitted_on_that_partition(
+    kafka_bootstrap: str, kafka_namespace: str, tmp_path: Path
+) -> None:
+    """A worker learns of a workload while its takes are still reading (a fleet that starts as the
+    workload is submitted): the pick-up finds those partitions not yet owned, so each take must
+    admit the workload's rollouts there itself, or they stay pending for good. The takes' reads are
+    held (the real read, behind a gate) until the worker has picked the workload up."""
+    from rollout_journal.participants.workload.worker import FleetWorker
+
+    url = f"kafka://{kafka_bootstrap}/{kafka_namespace}?partitions=4"
+    config = fleet_workload(url, name="midtake", groups=4, siblings=1, max_turns=1, turn_delay_ms=0)
+    expected = {partition_for(s.rollout_id, 4) for s in workload_specs(config)}
+    events: list[str] = []
+    turns: list[str] = []
+    reading, gate = threading.Event(), threading.Event()
+    worker = FleetWorker(url, name="w0", on_event=events.append, on_turn=lambda rid, _: turns.append(rid), poll_s=0.2)
+    read = worker._take_and_read
+
+    def held_read(partition: int, token: int, ids: set[str]) -> RestorePlan:
+        reading.set()
+        gate.wait(120)  # bounded: a test that never opens it still ends
+        return read(partition, token, ids)
+
+    worker._take_and_read = held_read  # type: ignore[method-assign]
+
+    async def until(condition: Callable[[], bool], what: str, timeout_s: float = 240) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}; events: {events}"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await until(reading.is_set, "a take to start reading")
+            await asyncio.to_thread(submitted, config, tmp_path)
+            await until(lambda: any(e.startswith("workload-picked-up midtake ") for e in events), "the pick-up")
+            gate.set()
+            await until(lambda: sum(e.startswith("takeover-seconds ") for e in events) == 4, "every take")
+            admitted = {
+                int(e.split()[2].removeprefix("p")) for e in events if e.startswith("rollouts-admitted midtake")
+            }
+            assert admitted == expected, f"partitions whose rollouts were never admitted: {expected - admitted}"
+            await until(lambda: len(set(turns)) == 4, "every rollout's turn")
+        finally:
+            gate.set()
+            stop.set()
+            await running
+
+    asyncio.run(scenario())
