@@ -2,8 +2,9 @@
 member costs the cluster, and what the fleet keeps through broker restarts.
 
     python bench/fleet_scale.py [--json] [--members 50] [--per-process 5] [--partitions 256]
-                                [--groups 40] [--siblings 4] [--turns 5] [--turn-delay-ms 400]
-                                [--broker-kills 2] [--idle-window-s 10] [--bootstrap HOST:PORT,...]
+                                [--groups 40] [--siblings 4] [--turns 8] [--turn-delay-ms 100]
+                                [--model fixed-rate|torch] [--rate 2000] [--broker-kills 2]
+                                [--idle-window-s 10] [--bootstrap HOST:PORT,...]
                                 [--with-sub-benches] [--smoke]
 
 Starts a local 3-broker cluster (replication 3, ``min.insync.replicas=2``; or uses
@@ -12,9 +13,13 @@ Starts a local 3-broker cluster (replication 3, ``min.insync.replicas=2``; or us
 is a :class:`FleetWorker` (the code of ``rollout-journal worker``) with its own consumer-group
 membership and its own transactional producer, so the brokers see ``--members`` members and
 producers; a process hosts several only because this 2-core machine cannot hold 50 Python
-processes with torch. The model is not under test: the embedded tiny Llama (CPU torch) with
-``max_tokens`` 8 stands in for it, and ``--turn-delay-ms`` of simulated environment latency per
-turn spreads the turns over time as real tool calls would.
+processes. The model is not under test. ``--model fixed-rate`` (default): the OpenAI backend
+against an upstream that streams deterministic token ids at ``--rate`` tokens/s per stream (16
+tokens a call; ``tests/support/fixed_rate_upstream.py`` in its own process, as
+``bench/commit_interval.py`` uses it), so turns come as fast as a quick model makes them;
+``--model torch``: the embedded tiny Llama (CPU torch, 8 tokens a call), which on 2 cores
+makes turns slowly. ``--turn-delay-ms`` of simulated environment latency per turn spreads the
+turns over time as real tool calls would.
 
 While the workload runs, a broker is SIGKILLed, left down until the fleet commits again, and
 restarted, ``--broker-kills`` times (``bench/fleet.py``'s drill). Once every rollout finished, the
@@ -26,12 +31,23 @@ Figures (per member, over the busy window from the first durable turn to the las
 - ``transactions_per_worker_s``: transactions a member committed per second, the mean over
   members, with ``transactions_per_worker_s_max`` (goal <= 10: one per commit interval);
 - ``turns_per_transaction``: how many turns one transaction carried, over the fleet;
-- ``idle_requests_per_worker_s``: requests (TCP data segments) an idle member sends the brokers
-  per second, with ``idle_received_bytes_per_worker_s``;
+- ``commit_seconds_mean``: how long a member's group commit (one transaction) took;
+- ``busy_requests_per_worker_s`` (the busy window, broker kills included) and
+  ``idle_requests_per_worker_s`` (every rollout finished): requests (TCP data segments) a member
+  sends the brokers per second, with the bytes it received;
 - ``broker_restarts_survived`` of ``broker_kills``: kills after which every process still ran;
 - ``turns_lost``, ``duplicate_turns``, ``zombie_writes_visible``: the journal against what the
   members reported durable (goal 0 each);
-- ``session_timeout_seconds``: the group's session timeout the members run with.
+- ``session_timeout_seconds``: the group's session timeout the members run with;
+- ``event_bytes_per_turn``, ``result_bytes_per_turn``, ``snapshot_bytes_held_per_rollout``: what
+  the run left on the topics (the tiny model's 8-token turns: a real turn adds 8 bytes per sampled
+  token, its id and logprob packed, and 4 per prompt token journaled as a delta).
+
+Then ``--members`` bare transactional producers commit one small record per transaction as
+fast as they can for ``--capacity-window-s``: ``cluster_transactions_per_s``, what the cluster's
+transaction coordinators commit on this machine (a floor: the brokers share its cores with the
+producers), against which ``transactions_per_worker_s`` x a fleet's size is set in
+docs/scaling.md.
 
 ``--with-sub-benches`` runs, on the same cluster and in the same run, the benchmarks that measure
 the rest of the issue's figures in their own set-ups and copies their headline figures here:
@@ -46,6 +62,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -55,6 +72,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +81,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import print_report  # noqa: E402
 from bench.fleet import audit_figures, kill_brokers, session_timeout_seconds  # noqa: E402
 from bench.idle_requests import socket_counters  # noqa: E402
+from bench.support.servers import started, stop  # noqa: E402
 from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
 from rollout_journal.participants.workload.specs import workload_specs  # noqa: E402
 from tests.support.fleet_support import (  # noqa: E402
@@ -96,10 +115,11 @@ def host_main(args: argparse.Namespace) -> None:
     def on_turn(rollout_id: str, turn: int) -> None:
         print(f"{PROGRESS_LINE} {rollout_id} {turn}", flush=True)
 
-    members = [
-        FleetWorker(args.url, name=f"{args.prefix}-m{i}", on_turn=on_turn, on_event=lambda line: None)
-        for i in range(args.members_here)
-    ]
+    def on_event_of(name: str) -> Callable[[str], None]:
+        return lambda line: print(f"{name} {line}", file=sys.stderr, flush=True)  # to look at: <prefix>.err
+
+    names = [f"{args.prefix}-m{i}" for i in range(args.members_here)]
+    members = [FleetWorker(args.url, name=name, on_turn=on_turn, on_event=on_event_of(name)) for name in names]
 
     async def run() -> None:
         stop = asyncio.Event()
@@ -115,6 +135,8 @@ def host_main(args: argparse.Namespace) -> None:
                 "transactions": registry.get_sample_value("rj_transactions_total") or 0.0,
                 "turns": registry.get_sample_value("rj_turns_total") or 0.0,
                 "partitions_taken": report.partitions_taken,
+                "commit_seconds_sum": registry.get_sample_value("rj_commit_seconds_sum") or 0.0,
+                "commits": registry.get_sample_value("rj_commit_seconds_count") or 0.0,
             }
             print(MEMBER_REPORT + json.dumps(row), flush=True)
 
@@ -145,7 +167,22 @@ def member_reports(host: WorkerProcess) -> list[dict[str, Any]]:
 # -- the run -----------------------------------------------------------------------------------------
 
 
-def workload(url: str, args: argparse.Namespace) -> WorkloadConfig:
+def workload(url: str, args: argparse.Namespace, upstream: str | None) -> WorkloadConfig:
+    """The workload every member drives. With ``upstream`` (``--model fixed-rate``), the OpenAI
+    backend against ``tests/support/fixed_rate_upstream.py``, as ``bench/commit_interval.py``
+    does: turns come as fast as a quick model makes them and no member loads torch; else the
+    embedded tiny Llama."""
+    from rollout_journal.participants.model.tiny_model import tiny_model_dir
+
+    model: dict[str, Any] = {"max_tokens": 8}
+    if upstream is not None:
+        model = {
+            "backend": "openai",
+            "url": f"{upstream}/v1",
+            "path": str(tiny_model_dir()),
+            "max_tokens": 16,
+            "server_logprobs": "accept_raw",
+        }
     return WorkloadConfig.model_validate(
         {
             "name": "scale",
@@ -157,38 +194,72 @@ def workload(url: str, args: argparse.Namespace) -> WorkloadConfig:
             "allow_early_submit": False,
             "turn_delay_ms": args.turn_delay_ms,
             "snapshot_every_turns": 2,
+            "concurrency": args.groups * args.siblings,
+            "constrained_actions": upstream is None,
             "journal": url,
-            "model": {"max_tokens": 8},
+            "model": model,
         }
     )
 
 
-def idle_requests(hosts: list[WorkerProcess], bootstrap: str, members: int, window_s: float) -> dict[str, float]:
-    """Requests and received bytes per idle member per second, from every host's sockets to every broker."""
+def socket_totals(hosts: list[WorkerProcess], bootstrap: str) -> tuple[float, int, int]:
+    """(now, data segments sent, bytes received) over every host's sockets to every broker: the
+    requests the members made, whatever client of theirs made them (``bench/idle_requests.py``)."""
     ports = [int(server.rsplit(":", 1)[1]) for server in bootstrap.split(",")]
+    sent = received = 0
+    for host in hosts:
+        for port in ports:
+            s, r = socket_counters(host.process.pid, port)
+            sent, received = sent + s, received + r
+    return time.monotonic(), sent, received
 
-    def totals() -> tuple[int, int]:
-        sent = received = 0
-        for host in hosts:
-            for port in ports:
-                s, r = socket_counters(host.process.pid, port)
-                sent, received = sent + s, received + r
-        return sent, received
 
-    sent0, received0 = totals()
-    started = time.monotonic()
-    time.sleep(window_s)
-    sent1, received1 = totals()
-    seconds = time.monotonic() - started
+def requests_per_member(
+    before: tuple[float, int, int], after: tuple[float, int, int], members: int, what: str
+) -> dict[str, float]:
+    seconds = after[0] - before[0]
     return {
-        "idle_requests_per_worker_s": round((sent1 - sent0) / seconds / members, 2),
-        "idle_received_bytes_per_worker_s": round((received1 - received0) / seconds / members, 1),
+        f"{what}_requests_per_worker_s": round((after[1] - before[1]) / seconds / members, 2),
+        f"{what}_received_bytes_per_worker_s": round((after[2] - before[2]) / seconds / members, 1),
+    }
+
+
+def journal_bytes(url: str, turns: int, rollouts: int) -> dict[str, float]:
+    """What the run left on the namespace's topics, per turn (events, results) and per rollout
+    (the snapshot topic as the cleaner left it so far): the bytes a fleet's brokers take in."""
+    from rollout_journal.journal.open import open_journal
+
+    with open_journal(url, writer="bench-bytes", read_only=True) as journal:
+        backend = journal.backend
+        partitions = range(backend.partitions)
+        events = sum(len(r.value or b"") for p in partitions for r in backend.read_events(p))
+        results = sum(len(r.value or b"") for p in partitions for r in backend.read_results(p))
+        snapshots = sum(len(r.value or b"") for r in backend.read_snapshots())
+    return {
+        "event_bytes_per_turn": round(events / turns),
+        "result_bytes_per_turn": round(results / turns),
+        "snapshot_bytes_held_per_rollout": round(snapshots / rollouts),
     }
 
 
 def run_fleet(bootstrap: str, work: Path, args: argparse.Namespace, cluster: Any) -> dict[str, Any]:
     url = f"kafka://{bootstrap}/bench-scale-{uuid.uuid4().hex[:8]}?partitions={args.partitions}{REPLICATION}"
-    config = workload(url, args)
+    with contextlib.ExitStack() as servers:
+        upstream = None
+        if args.model == "fixed-rate":
+            from rollout_journal.participants.model.tiny_model import tiny_model_dir
+
+            command = [sys.executable, "-m", "tests.support.fixed_rate_upstream", "--model-dir", str(tiny_model_dir()),
+                       "--rate", str(args.rate), "--chunk", "16"]  # fmt: skip
+            process, upstream = started(command, "serving at", work / "upstream.log")
+            servers.callback(stop, process)
+        return drive(url, workload(url, args, upstream), bootstrap, work, args, cluster)
+
+
+def drive(
+    url: str, config: WorkloadConfig, bootstrap: str, work: Path, args: argparse.Namespace, cluster: Any
+) -> dict[str, Any]:
+    """Start the members, submit ``config``, kill brokers under them, idle them, stop and audit."""
     rollouts = len(workload_specs(config))
     counts = [args.per_process] * (args.members // args.per_process)
     if args.members % args.per_process:
@@ -204,15 +275,19 @@ def run_fleet(bootstrap: str, work: Path, args: argparse.Namespace, cluster: Any
         submit(url, workload_yaml(work / "scale.yaml", **config.model_dump(mode="json", exclude={"journal"})))
         log("fleet scale: workload submitted")
         wait_for(lambda: any(h.committed() for h in hosts), 600, "a first durable turn", hosts)
+        busy_from = socket_totals(hosts, bootstrap)
         kills = {"broker_kills": 0, "broker_kills_survived": 0}
         if cluster is not None and args.broker_kills:
             kills = kill_brokers(cluster, hosts, config, args.broker_kills)
         wait_for(lambda: every_turn_reported(hosts, config), 1800, "every rollout to finish", hosts)
+        busy = requests_per_member(busy_from, socket_totals(hosts, bootstrap), args.members, "busy")
         times = [t for h in hosts for t, _, _ in h.committed()]
         busy_s = max(times) - min(times)
         log(f"fleet scale: every rollout finished, {busy_s:.1f} s from the first durable turn to the last; idling")
         time.sleep(args.idle_settle_s)
-        idle = idle_requests(hosts, bootstrap, args.members, args.idle_window_s)
+        idle_from = socket_totals(hosts, bootstrap)
+        time.sleep(args.idle_window_s)
+        idle = requests_per_member(idle_from, socket_totals(hosts, bootstrap), args.members, "idle")
         exited = [h.name for h in hosts if h.process.poll() is not None]
         for host in hosts:
             host.stop(timeout_s=180)
@@ -227,6 +302,7 @@ def run_fleet(bootstrap: str, work: Path, args: argparse.Namespace, cluster: Any
         {
             "members": args.members,
             "processes": len(hosts),
+            "model": args.model,
             "partitions": args.partitions,
             "rollouts": rollouts,
             "turns": rollouts * config.max_turns,
@@ -237,14 +313,62 @@ def run_fleet(bootstrap: str, work: Path, args: argparse.Namespace, cluster: Any
             "transactions_per_worker_s": round(sum(per_member) / max(len(per_member), 1), 2),
             "transactions_per_worker_s_max": round(max(per_member, default=0.0), 2),
             "turns_per_transaction": round(sum(row["turns"] for row in rows) / max(transactions, 1), 2),
+            "commit_seconds_mean": round(
+                sum(row["commit_seconds_sum"] for row in rows) / max(sum(row["commits"] for row in rows), 1), 3
+            ),
             "processes_exited": len(exited),
             "broker_kills": kills["broker_kills"],
             "broker_restarts_survived": kills["broker_kills_survived"],
             "session_timeout_seconds": session_timeout_seconds(),
         }
+        | busy
         | idle
         | audit_figures(url, config, hosts)
+        | journal_bytes(url, rollouts * config.max_turns, rollouts)
     )
+
+
+def transaction_capacity(bootstrap: str, producers: int, window_s: float, replication: int) -> dict[str, float]:
+    """How many transactions a second the cluster commits for ``producers`` transactional
+    producers that do nothing else (one small record per transaction, each on a partition of its
+    own), for ``window_s``: the transaction coordinators' capacity on this machine, a floor (the
+    brokers share its 2 cores with the producers), for the model in docs/scaling.md."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"bench-txcap-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, producers, replication)])[topic].result(60)
+    counts = [0] * producers
+    ends = time.monotonic() + 3600.0  # set below, once every producer is ready
+    ready = threading.Barrier(producers + 1)
+
+    def drive(i: int) -> None:
+        producer = Producer(
+            {"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-{i}", "enable.idempotence": True}
+        )
+        producer.init_transactions(60)
+        ready.wait(120)
+        while time.monotonic() < ends:
+            producer.begin_transaction()
+            producer.produce(topic, b"x" * 64, partition=i)
+            producer.commit_transaction(60)
+            counts[i] += 1
+
+    threads = [threading.Thread(target=drive, args=(i,), daemon=True) for i in range(producers)]
+    for thread in threads:
+        thread.start()
+    ready.wait(120)
+    started = time.monotonic()
+    ends = started + window_s
+    for thread in threads:
+        thread.join(window_s + 120)
+    seconds = time.monotonic() - started
+    admin.delete_topics([topic])
+    return {
+        "cluster_transactions_per_s": round(sum(counts) / seconds, 1),
+        "cluster_transactions_producers": producers,
+    }
 
 
 def sub_benches(bootstrap: str) -> dict[str, Any]:
@@ -282,11 +406,16 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=256)
     parser.add_argument("--groups", type=int, default=40)
     parser.add_argument("--siblings", type=int, default=4)
-    parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--turn-delay-ms", type=float, default=400.0)
+    parser.add_argument("--turns", type=int, default=8)
+    parser.add_argument("--turn-delay-ms", type=float, default=100.0)
+    parser.add_argument(
+        "--model", choices=("fixed-rate", "torch"), default="fixed-rate", help="what stands in for the model"
+    )
+    parser.add_argument("--rate", type=float, default=2000.0, help="fixed-rate upstream: tokens/s per stream")
     parser.add_argument("--broker-kills", type=int, default=2)
     parser.add_argument("--idle-settle-s", type=float, default=5.0)
     parser.add_argument("--idle-window-s", type=float, default=10.0)
+    parser.add_argument("--capacity-window-s", type=float, default=20.0, help="bare transactions' window (0: skip)")
     parser.add_argument("--bootstrap", help="a running 3-broker cluster (default: start one for the run)")
     parser.add_argument("--with-sub-benches", action="store_true", help="restore_history, replay_scan, fleet hand-off")
     parser.add_argument("--smoke", action="store_true", help="the suite's cheap run (see the module docstring)")
@@ -304,6 +433,7 @@ def main() -> int:
         args.members, args.per_process, args.partitions = 6, 3, 24
         args.groups, args.siblings, args.turns, args.turn_delay_ms = 4, 2, 2, 50.0
         args.broker_kills, args.idle_settle_s, args.idle_window_s, args.with_sub_benches = 0, 1.0, 2.0, False
+        args.capacity_window_s = 2.0
     with tempfile.TemporaryDirectory(prefix="rj-bench-fleet-scale-") as tmp:
         work = Path(tmp)
         cluster = None
@@ -317,6 +447,9 @@ def main() -> int:
             bootstrap = cluster.bootstrap_servers
         try:
             report = run_fleet(bootstrap, work, args, cluster)
+            if args.capacity_window_s > 0:
+                log(f"fleet scale: transaction capacity, {args.members} bare producers for {args.capacity_window_s} s")
+                report |= transaction_capacity(bootstrap, args.members, args.capacity_window_s, 1 if args.smoke else 3)
             if args.with_sub_benches:
                 report |= sub_benches(bootstrap)
         finally:

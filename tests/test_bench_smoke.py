@@ -311,7 +311,12 @@ def test_fleet_scale_reports_per_member_costs_and_audits_the_journal(kafka_boots
     )
     assert report["members_reporting"] == report["members"] == 6 and report["processes"] == 2
     assert report["members_that_took_partitions"] == 6  # 24 partitions: every member owns some
-    for key in ("transactions_per_worker_s", "idle_requests_per_worker_s", "session_timeout_seconds"):
+    for key in (
+        "transactions_per_worker_s",
+        "idle_requests_per_worker_s",
+        "busy_requests_per_worker_s",
+        "event_bytes_per_turn",
+    ):
         assert report[key] > 0, key
     assert report["turns_lost"] == report["duplicate_turns"] == report["zombie_writes_visible"] == 0
     assert report["processes_exited"] == 0
