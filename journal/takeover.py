@@ -26,7 +26,7 @@ from rollout_journal.journal.errors import ClusterUnreachableError, PartitionFen
 from rollout_journal.journal.journal import AppendReceipt, Journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
 
-__all__ = ["AckPositions", "apply_waiting_acks", "serve_acknowledgements", "take_and_restore"]
+__all__ = ["AckPositions", "apply_waiting_acks", "read_taken", "serve_acknowledgements", "take_and_restore"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,45 @@ def take_and_restore(
     producer of an older version's) is waited out, loudly (``on_held_back``), and the read retried,
     up to twice the cluster's unavailability budget; an unreachable partition is retried for as
     long as the group assigns it here (a broker's loss; a revocation ends the take)."""
+
+    def take() -> RestorePlan:
+        journal.take_partition(partition, token)  # idempotent: the commit points, again
+        plan = load_rollouts(journal, partitions={partition}, only=only)
+        apply_waiting_acks(journal, partition, plan)
+        return plan
+
+    return _while_owned(journal, partition, token, take, on_held_back, retry_s)
+
+
+def read_taken(
+    journal: Journal,
+    partition: int,
+    token: int,
+    only: Collection[str] | None = None,
+    *,
+    on_held_back: HeldBack | None = None,
+    retry_s: float = 1.0,
+) -> RestorePlan:
+    """(Blocking.) Read the rollouts (of ``only``) of ``partition``, taken already under ``token``
+    (a workload learned of after the take), retried as :func:`take_and_restore` retries its read."""
+    return _while_owned(
+        journal,
+        partition,
+        token,
+        lambda: load_rollouts(journal, partitions={partition}, only=only),
+        on_held_back,
+        retry_s,
+    )
+
+
+def _while_owned(
+    journal: Journal,
+    partition: int,
+    token: int,
+    read: Callable[[], RestorePlan],
+    on_held_back: HeldBack | None,
+    retry_s: float,
+) -> RestorePlan:
     settings = getattr(journal.backend, "settings", None)
     budget_ms = getattr(settings, "cluster_unavailable_timeout_ms", 60_000)
     give_up = Deadline(2 * budget_ms / 1000)
@@ -55,10 +94,7 @@ def take_and_restore(
         if journal.backend.owner_token(partition) != token:
             raise journal._revoked(partition)
         try:
-            journal.take_partition(partition, token)  # idempotent: the commit points, again
-            plan = load_rollouts(journal, partitions={partition}, only=only)
-            apply_waiting_acks(journal, partition, plan)
-            return plan
+            return read()
         except (UnstableReadError, ClusterUnreachableError) as exc:
             if isinstance(exc, UnstableReadError) and give_up.passed():
                 raise

@@ -58,7 +58,7 @@ from rollout_journal.journal.events import Header, WorkloadRegistered
 from rollout_journal.journal.journal import Journal, WorkloadFeed
 from rollout_journal.journal.open import is_kafka_url, open_journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
-from rollout_journal.journal.takeover import serve_acknowledgements, take_and_restore
+from rollout_journal.journal.takeover import read_taken, serve_acknowledgements, take_and_restore
 from rollout_journal.participants.rollout.state import StateFoldError, restore_state
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.metrics import WorkerMetrics
@@ -636,9 +636,16 @@ class FleetWorker:
             if partition not in self.owned or partition in workload.partitions:
                 continue
             token = journal.backend.owner_token(partition)
+            if token is None:  # revoked already (its revocation waits in the queue): nothing to admit
+                return
             workload.partitions.add(partition)  # claimed: a revocation clears it again
             ids = {rid for rid in workload.ids if journal.partition_of(rid) == partition}
-            plan = await asyncio.to_thread(load_rollouts, journal, partitions={partition}, only=ids)
+            try:  # retried as the take's own read is: a held-back read is waited out, not the worker's end
+                plan = await asyncio.to_thread(
+                    read_taken, journal, partition, token, ids, on_held_back=self._held_back(partition)
+                )
+            except PartitionFencedError:
+                return  # revoked or taken anew meanwhile: the revocation clears the claim
             if partition in self.owned and journal.backend.owner_token(partition) == token:
                 await self._admit_partition(partition, [workload], plan)
 
@@ -668,13 +675,15 @@ class FleetWorker:
         rollouts (``journal.takeover``: every member's take)."""
         journal = self._journal
         assert journal is not None
+        return take_and_restore(journal, partition, token, ids, on_held_back=self._held_back(partition))
 
+    def _held_back(self, partition: int) -> Callable[[UnstableReadError | ClusterUnreachableError], None]:
         def held_back(exc: UnstableReadError | ClusterUnreachableError) -> None:
             log.error("worker %s: %s; retrying", self.name, exc)
             topic = exc.topic if isinstance(exc, UnstableReadError) else "-"  # unreachable: no one topic
             self.on_event(f"restore-held-back {topic} {partition}")
 
-        return take_and_restore(journal, partition, token, ids, on_held_back=held_back)
+        return held_back
 
     async def _let_go(self, partitions: list[int], *, lost: bool) -> None:
         """Revoked or lost: their appends are refused already (the callback disowned them); cancel their
