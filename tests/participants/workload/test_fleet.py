@@ -333,3 +333,46 @@ def test_a_workload_picked_up_while_a_take_reads_is_admitted_on_that_partition(
             await running
 
     asyncio.run(scenario())
+
+
+def test_a_pick_up_admits_nothing_on_a_partition_whose_revocation_is_still_queued(
+    kafka_bootstrap: str, kafka_namespace: str, tmp_path: Path
+) -> None:
+    """The group's callback disowns a revoked partition at once (its appends are refused from
+    then on) and queues the rest of the revocation behind whatever the worker's membership task
+    is doing. A workload picked up in between must not be admitted on that partition: its
+    rollouts would build environments and run turns beside their new owner, only to be refused."""
+    from rollout_journal.participants.workload.worker import FleetWorker
+
+    url = f"kafka://{kafka_bootstrap}/{kafka_namespace}?partitions=4"
+    config = fleet_workload(url, name="queued", groups=4, siblings=1, max_turns=1, turn_delay_ms=0)
+    expected = {partition_for(s.rollout_id, 4) for s in workload_specs(config)}
+    gone = min(expected)  # a partition that holds rollouts of the workload
+    events: list[str] = []
+    worker = FleetWorker(url, name="w0", on_event=events.append, poll_s=0.2)
+
+    async def until(condition: Callable[[], bool], what: str, timeout_s: float = 240) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}; events: {events}"
+            await asyncio.sleep(0.05)
+
+    def admitted() -> set[int]:
+        return {int(e.split()[2].removeprefix("p")) for e in events if e.startswith("rollouts-admitted queued")}
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await until(lambda: sum(e.startswith("takeover-seconds ") for e in events) == 4, "every take")
+            assert worker._journal is not None
+            worker._journal.backend.disown([gone])  # type: ignore[attr-defined]  # the callback's first step
+            await asyncio.to_thread(submitted, config, tmp_path)
+            await until(lambda: admitted() >= expected - {gone}, "the other partitions' admissions")
+            await asyncio.sleep(1.0)  # the pick-up has run (the others were admitted by it); let any stray one show
+            assert gone not in admitted(), f"rollouts admitted on partition {gone}, disowned"
+        finally:
+            stop.set()
+            await running
+
+    asyncio.run(scenario())
