@@ -110,7 +110,9 @@ def _read_again_while_behind(
     added. Why: the snapshot stream showed a newer attempt's fence, but the event read ended at an
     open transaction another writer began before that attempt committed (a read to the last stable
     offset). By the time the broker has aborted that transaction, the events are readable. A rollout
-    still behind then is left as read: the fold sets it aside, naming the fence."""
+    still behind then is left as read: the fold sets it aside, naming the fence. ``report`` gains
+    only what a pass adds (see :meth:`ReadReport.merge`): a partition whose every rollout was read
+    again loses its held-back note once a pass reads it unhindered."""
     behind = _behind_their_fence(histories, cursors)
     hold_s = journal.backend.transaction_hold_s
     if not behind or hold_s <= 0:
@@ -122,16 +124,22 @@ def _read_again_while_behind(
         ", ".join(sorted(behind)[:5]),
         hold_s + _ABORT_MARGIN_S,
     )
+    read_by_partition: dict[int, set[str]] = {}
+    for rollout_id in cursors:
+        read_by_partition.setdefault(journal.partition_of(rollout_id), set()).add(rollout_id)
     deadline, pause, added = Deadline(hold_s + _ABORT_MARGIN_S), _FIRST_PAUSE_S, 0
     while behind and not deadline.passed():
         deadline.sleep(pause)
         pause = min(2 * pause, _LONGEST_PAUSE_S)
+        again = ReadReport()  # a pass reads records the first read reported: the report takes only what is new
         events: dict[str, list[JournaledEvent]] = {rollout_id: [] for rollout_id in behind}
-        for item in journal.read_rollouts({rollout_id: cursors[rollout_id] for rollout_id in behind}, report):
+        for item in journal.read_rollouts({rollout_id: cursors[rollout_id] for rollout_id in behind}, again):
             events[item.event.header.rollout_id].append(item)
         for rollout_id, items in events.items():
             added += len(items) - len(histories[rollout_id].events)
             histories[rollout_id].events = items
+        reread = set(behind)
+        report.merge(again, {p for p, read in read_by_partition.items() if read <= reread})
         behind = _behind_their_fence({rollout_id: histories[rollout_id] for rollout_id in behind}, cursors)
     if behind:
         log.info("%d rollout(s) still short of their fence after reading again: %s", len(behind), sorted(behind))

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 from confluent_kafka import Producer
 
-from rollout_journal.journal.backend import partition_for
+from rollout_journal.journal.backend import OutRecord, Stream, partition_for
+from rollout_journal.journal.errors import CorruptRecordError
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.kafka.backend import KafkaBackend
 from rollout_journal.journal.kafka.config import KafkaSettings
@@ -48,11 +49,16 @@ def _killed_inside_a_transaction(settings: KafkaSettings, partition: int) -> Pro
     return producer
 
 
-def _restore_after_a_resume_behind_an_open_transaction(settings: KafkaSettings) -> RestorePlan:
-    """Attempt 1 of rollout r, a transaction left open on r's partition, attempt 2 of r committed
-    after it; then a read-only restore (a tool's: it reads to the last stable offset)."""
+def _restore_after_a_resume_behind_an_open_transaction(
+    settings: KafkaSettings, *, bad_record: bool = False
+) -> RestorePlan:
+    """Attempt 1 of rollout r (with a record that is no event after it, if ``bad_record``), a
+    transaction left open on r's partition, attempt 2 of r committed after it; then a read-only
+    restore (a tool's: it reads to the last stable offset)."""
     with Journal(KafkaBackend(_slot(settings, "w1"))) as first:
         first.append_sync([started("r", 0), turn_done("r", 1)])
+        if bad_record:
+            first.backend.commit([OutRecord(Stream.EVENTS, "r", b"not an event", "r")])
     _killed_inside_a_transaction(settings, partition_for("r", settings.partitions))
     with Journal(KafkaBackend(_slot(settings, "w2"))) as second:
         second.append_sync([started("r", 2, attempt=2, epoch=2, turn=1)])
@@ -70,3 +76,13 @@ def test_restore_reads_again_the_events_an_open_transaction_holds_behind_a_newer
     # Attempt 2's AttemptStarted lies past the open transaction: read once the broker aborted it.
     assert sorted({item.event.header.attempt for item in history.events}) == [1, 2]
     assert plan.events_replayed == len(history.events) == 3
+
+
+def test_a_restore_read_again_reports_each_bad_record_once_and_no_stale_hold(settings: KafkaSettings) -> None:
+    plan = _restore_after_a_resume_behind_an_open_transaction(settings, bad_record=True)
+
+    assert sorted({item.event.header.attempt for item in plan.rollouts["r"].events}) == [1, 2]
+    # Every pass read the bad record; the report names it once.
+    assert [type(e) for e in plan.report.errors] == [CorruptRecordError]
+    # The first pass was held back; the pass that caught up was not, so the tool has nothing to warn of.
+    assert plan.report.held_back == []
