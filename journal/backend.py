@@ -139,6 +139,10 @@ class Backend(ABC):
     # Keeps a stream of workload registrations of its own (``Stream.WORKLOADS``), which a fleet's
     # workers follow instead of the snapshot stream (Kafka's ``<namespace>.workloads``).
     keeps_workloads: bool = False
+    # How long another writer's open transaction can hold a read back, short of what was committed
+    # after it began, before the storage aborts it (Kafka: the namespace's transaction timeout; the
+    # broker's abort scan comes on top). 0: no read ends short of a commit (a file journal).
+    transaction_hold_s: float = 0.0
 
     @abstractmethod
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:

@@ -92,6 +92,22 @@ class ReadReport:
                 log.info("%s", h)  # the reader says it (a replay command: on stderr, once); logged at INFO only
                 self.held_back.append(h)
 
+    def merge(self, again: ReadReport, read_whole: Collection[int] = ()) -> None:
+        """Add what ``again`` found that this report lacks: ``again`` reports a later read of records
+        this report's read covered too (restore reading a rollout again), so each bad record and
+        fenced event is added once, however often it was read; ``records_read`` adds up (every read
+        cost). ``read_whole``: event-log partitions ``again`` read all of this report's read of: there,
+        its held-back notes replace this report's (none once the read caught up); elsewhere a
+        partition keeps its first note."""
+        known = {str(e) for e in self.errors}
+        self.errors.extend(e for e in again.errors if str(e) not in known)
+        dropped = {f.location for f in self.fenced}
+        self.fenced.extend(f for f in again.fenced if f.location not in dropped)
+        self.records_read += again.records_read
+        if read_whole:
+            self.held_back = [h for h in self.held_back if h.partition not in read_whole]
+        self.note_held_back(again.held_back)
+
     @property
     def clean(self) -> bool:
         return not self.errors and not self.fenced

@@ -16,15 +16,22 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
+from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import RecordLocation, SnapshotsLostError
 from rollout_journal.journal.events import WorkloadRegistered
 from rollout_journal.journal.journal import Cursor, Journal, JournaledEvent, ReadReport
 from rollout_journal.journal.snapshots import RUNNING, Fence, LoadedSnapshot, load_snapshots
 
 log = logging.getLogger(__name__)
+
+# Reading again a rollout an open transaction held back (see _read_again_while_behind): past the
+# backend's transaction_hold_s, the broker's abort scan and its commit markers (a second or so).
+_ABORT_MARGIN_S = 2.0
+_FIRST_PAUSE_S = 0.05
+_LONGEST_PAUSE_S = 1.0
 
 
 @dataclass
@@ -91,7 +98,68 @@ def load_rollouts(
     for item in journal.read_rollouts(cursors, report):
         histories[item.event.header.rollout_id].events.append(item)
         replayed += 1
+    replayed += _read_again_while_behind(journal, histories, cursors, report)
     return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed, acknowledged)
+
+
+def _read_again_while_behind(
+    journal: Journal, histories: dict[str, RolloutHistory], cursors: Mapping[str, Cursor], report: ReadReport
+) -> int:
+    """Read the rollouts whose events fall short of their fence again, with a doubling pause, until
+    they reach it or the backend's ``transaction_hold_s`` (and a margin) has passed; the events it
+    added. Why: the snapshot stream showed a newer attempt's fence, but the event read ended at an
+    open transaction another writer began before that attempt committed (a read to the last stable
+    offset). By the time the broker has aborted that transaction, the events are readable. A rollout
+    still behind then is left as read: the fold sets it aside, naming the fence. ``report`` gains
+    only what a pass adds (see :meth:`ReadReport.merge`): a partition whose every rollout was read
+    again loses its held-back note once a pass reads it unhindered."""
+    behind = _behind_their_fence(histories, cursors)
+    hold_s = journal.backend.transaction_hold_s
+    if not behind or hold_s <= 0:
+        return 0
+    log.info(
+        "%d rollout(s) read short of their fence (%s): an open transaction may hold their events back; "
+        "reading them again for up to %.0f s",
+        len(behind),
+        ", ".join(sorted(behind)[:5]),
+        hold_s + _ABORT_MARGIN_S,
+    )
+    read_by_partition: dict[int, set[str]] = {}
+    for rollout_id in cursors:
+        read_by_partition.setdefault(journal.partition_of(rollout_id), set()).add(rollout_id)
+    deadline, pause, added = Deadline(hold_s + _ABORT_MARGIN_S), _FIRST_PAUSE_S, 0
+    while behind and not deadline.passed():
+        deadline.sleep(pause)
+        pause = min(2 * pause, _LONGEST_PAUSE_S)
+        again = ReadReport()  # a pass reads records the first read reported: the report takes only what is new
+        events: dict[str, list[JournaledEvent]] = {rollout_id: [] for rollout_id in behind}
+        for item in journal.read_rollouts({rollout_id: cursors[rollout_id] for rollout_id in behind}, again):
+            events[item.event.header.rollout_id].append(item)
+        for rollout_id, items in events.items():
+            added += len(items) - len(histories[rollout_id].events)
+            histories[rollout_id].events = items
+        reread = set(behind)
+        report.merge(again, {p for p, read in read_by_partition.items() if read <= reread})
+        behind = _behind_their_fence({rollout_id: histories[rollout_id] for rollout_id in behind}, cursors)
+    if behind:
+        log.info("%d rollout(s) still short of their fence after reading again: %s", len(behind), sorted(behind))
+    return added
+
+
+def _behind_their_fence(histories: Mapping[str, RolloutHistory], cursors: Collection[str]) -> list[str]:
+    """The rollouts read (those in ``cursors``) whose snapshot and events do not reach the epoch of
+    their fence: the check the participants' fold makes before it continues a rollout. From its
+    newest event back: where the events reach the fence, the last one does, so one look each."""
+    behind = []
+    for rollout_id, history in histories.items():
+        fence = history.fence
+        if fence is None or rollout_id not in cursors or fence.epoch <= 0:
+            continue
+        if history.snapshot is not None and history.snapshot.snapshot.header.epoch >= fence.epoch:
+            continue
+        if not any(item.event.header.epoch >= fence.epoch for item in reversed(history.events)):
+            behind.append(rollout_id)
+    return behind
 
 
 def reload_rollout(

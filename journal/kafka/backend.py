@@ -119,6 +119,7 @@ class KafkaBackend(Backend):
         self.transactional = transactional or member is not None
         self.writes_per_partition = member is not None
         self.redo_budget_s = settings.cluster_unavailable_timeout_ms / 1000
+        self.transaction_hold_s = settings.transaction_timeout_ms / 1000
         self.events_topic = settings.events_topic
         self.snapshots_topic = settings.snapshots_topic
         self.results_topic = settings.results_topic
