@@ -32,7 +32,8 @@ Figures (per member, over the busy window from the first durable turn to the las
   members, with ``transactions_per_worker_s_max`` (goal <= 10: one per commit interval);
 - ``turns_per_transaction``: how many turns one transaction carried, over the fleet;
 - ``commit_seconds_mean``: how long a member's group commit (one transaction) took;
-- ``busy_requests_per_worker_s`` (the busy window, broker kills included) and
+- ``busy_requests_per_worker_s`` (for ``--busy-window-s`` once a fifth of the turns are durable,
+  before the broker kills; ``busy_turns_per_worker_s``: the turns a member made durable meanwhile) and
   ``idle_requests_per_worker_s`` (every rollout finished): requests (TCP data segments) a member
   sends the brokers per second, with the bytes it received;
 - ``broker_restarts_survived`` of ``broker_kills``: kills after which every process still ran;
@@ -63,8 +64,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import faulthandler
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +91,7 @@ from tests.support.fleet_support import (  # noqa: E402
     WorkerProcess,
     child_environment,
     every_turn_reported,
+    reported_turns,
     submit,
     wait_for,
     workload_yaml,
@@ -118,6 +122,7 @@ def host_main(args: argparse.Namespace) -> None:
     def on_event_of(name: str) -> Callable[[str], None]:
         return lambda line: print(f"{name} {line}", file=sys.stderr, flush=True)  # to look at: <prefix>.err
 
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: every thread's stack
     names = [f"{args.prefix}-m{i}" for i in range(args.members_here)]
     members = [FleetWorker(args.url, name=name, on_turn=on_turn, on_event=on_event_of(name)) for name in names]
 
@@ -158,6 +163,19 @@ def start_host(url: str, prefix: str, members: int, work: Path) -> WorkerProcess
     host = WorkerProcess(prefix, process, err_path)
     threading.Thread(target=host.follow, name=f"follow-{prefix}", daemon=True).start()
     return host
+
+
+def stop_host(host: WorkerProcess, timeout_s: float) -> None:
+    """Wait for a host SIGTERMed to hand its members' partitions on and exit; one that does not
+    within ``timeout_s`` writes every thread's stack to its stderr (kept) and is killed."""
+    try:
+        host.process.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        host.signal(signal.SIGUSR1)
+        time.sleep(2.0)
+        host.process.kill()
+        host.process.wait()
+        raise AssertionError(f"{host.name} did not stop within {timeout_s} s; its threads: {host.err_path}") from None
 
 
 def member_reports(host: WorkerProcess) -> list[dict[str, Any]]:
@@ -275,12 +293,21 @@ def drive(
         submit(url, workload_yaml(work / "scale.yaml", **config.model_dump(mode="json", exclude={"journal"})))
         log("fleet scale: workload submitted")
         wait_for(lambda: any(h.committed() for h in hosts), 600, "a first durable turn", hosts)
+        # Steady state (a fifth of the turns durable: the takes are over), and before the broker kills:
+        # a killed broker's connections take their counters with them.
+        total = rollouts * config.max_turns
+        wait_for(lambda: len(reported_turns(hosts)) >= total / 5, 600, "a fifth of the turns", hosts)
+        busy_turns = len(reported_turns(hosts))
         busy_from = socket_totals(hosts, bootstrap)
+        time.sleep(args.busy_window_s)
+        busy = requests_per_member(busy_from, socket_totals(hosts, bootstrap), args.members, "busy")
+        busy["busy_turns_per_worker_s"] = round(
+            (len(reported_turns(hosts)) - busy_turns) / args.busy_window_s / args.members, 3
+        )
         kills = {"broker_kills": 0, "broker_kills_survived": 0}
         if cluster is not None and args.broker_kills:
             kills = kill_brokers(cluster, hosts, config, args.broker_kills)
         wait_for(lambda: every_turn_reported(hosts, config), 1800, "every rollout to finish", hosts)
-        busy = requests_per_member(busy_from, socket_totals(hosts, bootstrap), args.members, "busy")
         times = [t for h in hosts for t, _, _ in h.committed()]
         busy_s = max(times) - min(times)
         log(f"fleet scale: every rollout finished, {busy_s:.1f} s from the first durable turn to the last; idling")
@@ -290,7 +317,9 @@ def drive(
         idle = requests_per_member(idle_from, socket_totals(hosts, bootstrap), args.members, "idle")
         exited = [h.name for h in hosts if h.process.poll() is not None]
         for host in hosts:
-            host.stop(timeout_s=180)
+            host.signal(signal.SIGTERM)
+        for host in hosts:
+            stop_host(host, timeout_s=180)
     finally:
         for host in hosts:
             if host.process.poll() is None:
@@ -413,6 +442,7 @@ def main() -> int:
     )
     parser.add_argument("--rate", type=float, default=2000.0, help="fixed-rate upstream: tokens/s per stream")
     parser.add_argument("--broker-kills", type=int, default=2)
+    parser.add_argument("--busy-window-s", type=float, default=10.0)
     parser.add_argument("--idle-settle-s", type=float, default=5.0)
     parser.add_argument("--idle-window-s", type=float, default=10.0)
     parser.add_argument("--capacity-window-s", type=float, default=20.0, help="bare transactions' window (0: skip)")
@@ -433,9 +463,10 @@ def main() -> int:
         args.members, args.per_process, args.partitions = 6, 3, 24
         args.groups, args.siblings, args.turns, args.turn_delay_ms = 4, 2, 2, 50.0
         args.broker_kills, args.idle_settle_s, args.idle_window_s, args.with_sub_benches = 0, 1.0, 2.0, False
-        args.capacity_window_s = 2.0
-    with tempfile.TemporaryDirectory(prefix="rj-bench-fleet-scale-") as tmp:
-        work = Path(tmp)
+        args.capacity_window_s, args.busy_window_s = 2.0, 1.0
+    work = Path(tempfile.mkdtemp(prefix="rj-bench-fleet-scale-"))  # kept if the run fails: the members' logs
+    succeeded = False
+    try:
         cluster = None
         if args.bootstrap:
             bootstrap = args.bootstrap
@@ -452,9 +483,15 @@ def main() -> int:
                 report |= transaction_capacity(bootstrap, args.members, args.capacity_window_s, 1 if args.smoke else 3)
             if args.with_sub_benches:
                 report |= sub_benches(bootstrap)
+            succeeded = True
         finally:
             if cluster is not None:
                 cluster.stop()
+    finally:
+        if succeeded:
+            shutil.rmtree(work, ignore_errors=True)
+        else:
+            log(f"fleet scale: failed; the members' logs are kept in {work}")
     print_report(report, args.json)
     return 0
 
