@@ -42,6 +42,9 @@ def main() -> int:
         ),
         "training_data": run("training_data.py", *(["--groups", "1", "--turns", "2"] if args.quick else [])),
         "gateway": run("gateway.py", *(["--quick"] if args.quick else [])),
+        "fleet_scale": run(
+            "fleet_scale.py", *(["--members", "20", "--partitions", "64", "--broker-kills", "1"] if args.quick else [])
+        ),
         "restore_history": run(
             "restore_history.py", *(["--live", "20", "--rounds", "1", "--segment-ms", "1000"] if args.quick else [])
         ),
