@@ -47,6 +47,7 @@ broker kills, 5 s turns for the hand-off, one race, no throughput.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import random
@@ -56,6 +57,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -409,6 +411,23 @@ def training_records(url: str) -> Counter:
     return found
 
 
+@contextlib.contextmanager
+def cluster_for(bootstrap: str | None, work: Path) -> Iterator[tuple[str, Any]]:
+    """(bootstrap servers, the cluster started for the run or None): ``bootstrap`` if given (a
+    running cluster), else a local 3-broker cluster under ``work``, stopped at the end."""
+    if bootstrap:
+        yield bootstrap, None
+        return
+    from rollout_journal.compose.local_broker import start_local_cluster
+
+    log("starting a local 3-broker cluster ...")
+    cluster = start_local_cluster(3, work / "kafka3")
+    try:
+        yield cluster.bootstrap_servers, cluster
+    finally:
+        cluster.stop()
+
+
 def main() -> int:
     os.environ.pop("KAFKA_BOOTSTRAP_SERVERS", None)  # it would replace the servers of every URL here
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -428,25 +447,13 @@ def main() -> int:
         args.handoff_turn_s = 5.0
     with tempfile.TemporaryDirectory(prefix="rj-bench-fleet-") as tmp:
         work = Path(tmp)
-        cluster = None
-        if args.bootstrap:
-            bootstrap = args.bootstrap
-        else:
-            from rollout_journal.compose.local_broker import start_local_cluster
-
-            log("starting a local 3-broker cluster ...")
-            cluster = start_local_cluster(3, work / "kafka3")
-            bootstrap = cluster.bootstrap_servers
-        try:
+        with cluster_for(args.bootstrap, work) as (bootstrap, cluster):
             report = failover(bootstrap, work, args.quick, cluster, 0 if args.no_broker_kills else 2)
             report |= handoff(bootstrap, work, args.handoff_turn_s)
             if args.races:
                 report |= races(bootstrap, work, args.races)
             if not args.skip_throughput:
                 report |= throughput(bootstrap, work, args.quick)
-        finally:
-            if cluster is not None:
-                cluster.stop()
     print_report(report, args.json)
     return 0
 

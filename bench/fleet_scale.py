@@ -82,7 +82,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import print_report  # noqa: E402
-from bench.fleet import audit_figures, kill_brokers, session_timeout_seconds  # noqa: E402
+from bench.fleet import audit_figures, cluster_for, kill_brokers, session_timeout_seconds  # noqa: E402
 from bench.idle_requests import socket_counters  # noqa: E402
 from bench.support.servers import started, stop  # noqa: E402
 from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
@@ -92,6 +92,7 @@ from tests.support.fleet_support import (  # noqa: E402
     child_environment,
     every_turn_reported,
     reported_turns,
+    start_followed,
     submit,
     wait_for,
     workload_yaml,
@@ -149,20 +150,8 @@ def host_main(args: argparse.Namespace) -> None:
 
 
 def start_host(url: str, prefix: str, members: int, work: Path) -> WorkerProcess:
-    err_path = work / f"{prefix}.err"
     command = [sys.executable, __file__, "--host", "--url", url, "--prefix", prefix, "--members-here", str(members)]
-    process = subprocess.Popen(
-        command,
-        cwd=REPO_ROOT,
-        env=child_environment(),
-        stdout=subprocess.PIPE,
-        stderr=err_path.open("w"),
-        stdin=subprocess.DEVNULL,
-        text=True,
-    )
-    host = WorkerProcess(prefix, process, err_path)
-    threading.Thread(target=host.follow, name=f"follow-{prefix}", daemon=True).start()
-    return host
+    return start_followed(command, prefix, work)
 
 
 def stop_host(host: WorkerProcess, timeout_s: float) -> None:
@@ -467,16 +456,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="rj-bench-fleet-scale-"))  # kept if the run fails: the members' logs
     succeeded = False
     try:
-        cluster = None
-        if args.bootstrap:
-            bootstrap = args.bootstrap
-        else:
-            from rollout_journal.compose.local_broker import start_local_cluster
-
-            log("starting a local 3-broker cluster ...")
-            cluster = start_local_cluster(3, work / "kafka3")
-            bootstrap = cluster.bootstrap_servers
-        try:
+        with cluster_for(args.bootstrap, work) as (bootstrap, cluster):
             report = run_fleet(bootstrap, work, args, cluster)
             if args.capacity_window_s > 0:
                 log(f"fleet scale: transaction capacity, {args.members} bare producers for {args.capacity_window_s} s")
@@ -484,9 +464,6 @@ def main() -> int:
             if args.with_sub_benches:
                 report |= sub_benches(bootstrap)
             succeeded = True
-        finally:
-            if cluster is not None:
-                cluster.stop()
     finally:
         if succeeded:
             shutil.rmtree(work, ignore_errors=True)

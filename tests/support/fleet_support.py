@@ -108,26 +108,22 @@ class WorkerProcess:
 def start_worker(url: str, name: str, log_dir: Path, *extra: str, progress_lines: bool = True) -> WorkerProcess:
     """``extra``: more options for the worker (``--metrics-port``, ``--instance-id``). Without
     ``progress_lines`` its membership events are logged to its stderr instead, as an operator sees them."""
+    command = [sys.executable, "-m", "rollout_journal.replay.cli.main", "worker", "--journal", url, "--name", name]
+    return start_followed(
+        [*command, *(["--progress-lines"] if progress_lines else []), "--json", *extra], name, log_dir
+    )
+
+
+def start_followed(command: list[str], name: str, log_dir: Path) -> WorkerProcess:
+    """``command`` as a child whose stdout lines are followed (a worker's, or anything that prints
+    the same lines); its stderr goes to ``<log_dir>/<name>.err``."""
     err_path = log_dir / f"{name}.err"
-    err = err_path.open("w")
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rollout_journal.replay.cli.main",
-            "worker",
-            "--journal",
-            url,
-            "--name",
-            name,
-            *(["--progress-lines"] if progress_lines else []),
-            "--json",
-            *extra,
-        ],
+        command,
         cwd=REPO_ROOT,
         env=child_environment(),
         stdout=subprocess.PIPE,
-        stderr=err,
+        stderr=err_path.open("w"),
         stdin=subprocess.DEVNULL,
         text=True,
     )
