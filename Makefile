@@ -55,6 +55,10 @@ $(VERL_VENV)/.stamp: $(STAMP)
 	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
 	    >"$$($(VERL_VENV)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/rollout-journal-torch.pth"
 	$(VERL_VENV)/bin/python -m pip install --quiet verl==0.9.1 cachetools uvicorn fastapi
+	# verl's transformers (5.10) imports `kernels` when it finds it, and through the path line it
+	# finds the project venv's, whose newest release (0.19) its code cannot call ("Either a revision
+	# or a version must be specified"): its own copy, in the range that transformers declares.
+	$(VERL_VENV)/bin/python -m pip install --quiet --no-deps 'kernels>=0.12,<0.13'
 	$(VERL_VENV)/bin/python -m pip install --quiet --no-deps -e .
 	$(VERL_VENV)/bin/python -m pip install --quiet fastavro confluent-kafka cryptography tenacity
 	touch $@
