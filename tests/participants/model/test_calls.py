@@ -285,12 +285,14 @@ class CountingServer:
 
     def __init__(self, pause_s: float) -> None:
         self.pause_s = pause_s
+        self.streamed = 0  # tokens handed out, over every call
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TokenChunk]:
         position, size = len(request.prefix_ids), request.chunk_tokens or 1
         while position < request.params.max_tokens:
             await asyncio.sleep(self.pause_s)
             end = min(position + size, request.params.max_tokens)
+            self.streamed += end - position
             yield TokenChunk(
                 np.arange(position, end, dtype=np.int32),
                 np.zeros(end - position, dtype=np.float32),
@@ -310,12 +312,19 @@ def test_an_aborted_call_journals_its_unmarked_tokens_before_it_waits() -> None:
 
     state = RolloutState("ab-g0-s0", "ab-g0")
     state.apply(AttemptStarted(Header("ab-g0-s0", "ab-g0", 1, 1, 0, 0, 0, "test"), 0, "topology", "new"))
-    model = ModelParticipant(CountingServer(0.005))
+    server = CountingServer(0.005)
+    model = ModelParticipant(server)
     marks: list[tuple[int, int]] = []
 
     def on_progress(event) -> None:
         marks.append((event.start, event.start + len(event.output_ids)))
         state.apply(event)
+
+    async def until(condition: Callable[[], bool], what: str) -> None:
+        deadline = time.monotonic() + 60  # bounded; on a loaded machine the chunks come late, not never
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            await asyncio.sleep(0.005)
 
     async def scenario() -> tuple[list[tuple[int, int]], np.ndarray]:
         call = asyncio.create_task(
@@ -331,12 +340,15 @@ def test_an_aborted_call_journals_its_unmarked_tokens_before_it_waits() -> None:
                 progress_interval_s=3600.0,
             )
         )
-        await asyncio.sleep(0.05)  # several chunks streamed, none marked (the floor holds them back)
+        # Several chunks streamed, none marked (the floor holds them back). The server hands out a
+        # chunk only once the call asked for the next: at 48 handed out, the call holds 32 or more.
+        await until(lambda: server.streamed >= 48, "three chunks")
         assert model.gate.in_flight == 1 and marks == []
         model.gate.close()
         assert model.gate.abort_in_flight() == 1
         await model.gate.drained()
-        await asyncio.sleep(0.02)
+        await until(lambda: bool(marks), "the aborted call's mark")
+        await asyncio.sleep(0.02)  # a second mark during the pause would be a defect: give it a chance to show
         during_pause = list(marks)
         model.gate.open()
         result = await call
