@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass, field
 
 import pytest
+from confluent_kafka import Producer
 
 from rollout_journal.journal.backend import OutRecord, Stream, partition_for
 from rollout_journal.journal.errors import AbortableCommitError, FatalJournalError, JournalError
@@ -204,3 +205,15 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(0.05)
+
+
+def open_transaction(backend: KafkaBackend, transactional_id: str, partition: int) -> Producer:
+    """Another writer's transaction, left open on ``partition`` of the events topic with one record
+    (``b"pending"``, key ``r``) delivered: as a writer killed inside it leaves it, until the broker
+    aborts it (or the caller ends it)."""
+    producer = Producer({**backend.producer_config(), "transactional.id": transactional_id})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    producer.produce(backend.events_topic, key=b"r", value=b"pending", partition=partition)
+    producer.flush(60)
+    return producer

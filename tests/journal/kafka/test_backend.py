@@ -43,6 +43,7 @@ from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.restore import load_rollouts
 from rollout_journal.journal.snapshots import BLOB_MARK, SnapshotDraft, fence_key
 from tests.support.journal_conformance import header, model_call, started, turn_done
+from tests.support.kafka_drills import open_transaction
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -172,18 +173,6 @@ def test_an_aborted_batch_is_never_visible_and_offsets_skip_it(backend: KafkaBac
     assert offsets[1] - offsets[0] > 1, "transaction markers and aborted records leave gaps"
     assert all(offsets[0] < o < offsets[1] for o in doomed_offsets[:2])
     assert list(backend.read_snapshots()) == []
-
-
-def open_transaction(backend: KafkaBackend, transactional_id: str, partition: int) -> Producer:
-    """Another writer's transaction, left open on ``partition`` of the events topic with one record
-    (``b"pending"``, key ``r``) delivered: as a writer killed inside it leaves it, until the broker
-    aborts it (or the caller ends it)."""
-    producer = Producer({**backend.producer_config(), "transactional.id": transactional_id})
-    producer.init_transactions(60)
-    producer.begin_transaction()
-    producer.produce(backend.events_topic, key=b"r", value=b"pending", partition=partition)
-    producer.flush(60)
-    return producer
 
 
 def test_an_open_transaction_is_invisible_to_a_reader_until_committed(

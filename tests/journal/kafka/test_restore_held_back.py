@@ -9,7 +9,6 @@ events stay hidden. Restore reads such a rollout again until its events reach it
 from __future__ import annotations
 
 import pytest
-from confluent_kafka import Producer
 
 from rollout_journal.journal.backend import OutRecord, Stream, partition_for
 from rollout_journal.journal.errors import CorruptRecordError
@@ -18,6 +17,7 @@ from rollout_journal.journal.kafka.backend import KafkaBackend
 from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
 from tests.support.journal_conformance import started, turn_done
+from tests.support.kafka_drills import open_transaction
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -31,24 +31,6 @@ def _slot(settings: KafkaSettings, name: str) -> KafkaSettings:
     return settings.model_copy(update={"transactional_id": name})
 
 
-def _killed_inside_a_transaction(settings: KafkaSettings, partition: int) -> Producer:
-    """A writer of the namespace killed inside its transaction, as the broker sees it: one record
-    delivered on ``partition`` of the events topic, never committed. The broker aborts it once the
-    namespace's transaction timeout passes; nothing in the test ends it."""
-    producer = Producer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "transactional.id": f"{settings.namespace}.killed",
-            "transaction.timeout.ms": settings.transaction_timeout_ms,
-        }
-    )
-    producer.init_transactions(60)
-    producer.begin_transaction()
-    producer.produce(settings.events_topic, key=b"killed", value=b"never committed", partition=partition)
-    producer.flush(60)
-    return producer
-
-
 def _restore_after_a_resume_behind_an_open_transaction(
     settings: KafkaSettings, *, bad_record: bool = False
 ) -> RestorePlan:
@@ -59,7 +41,9 @@ def _restore_after_a_resume_behind_an_open_transaction(
         first.append_sync([started("r", 0), turn_done("r", 1)])
         if bad_record:
             first.backend.commit([OutRecord(Stream.EVENTS, "r", b"not an event", "r")])
-    _killed_inside_a_transaction(settings, partition_for("r", settings.partitions))
+        # a writer killed inside its transaction, as the broker sees it: the broker aborts it once
+        # the namespace's transaction timeout passes; nothing in the test ends it
+        open_transaction(first.backend, f"{settings.namespace}.killed", partition_for("r", settings.partitions))
     with Journal(KafkaBackend(_slot(settings, "w2"))) as second:
         second.append_sync([started("r", 2, attempt=2, epoch=2, turn=1)])
     with Journal(KafkaBackend(settings, transactional=False, create_topics=False)) as reader:
