@@ -95,6 +95,7 @@ class SnapshotDraft:
     status: str  # RUNNING, or final: "finished" (or the runner's "registered" marker), no events follow
     covers_seq: int
     state: bytes
+    summary: bytes | None = None  # the rollout's RolloutSummary through covers_seq (the journal adds it)
 
 
 @dataclass(frozen=True)
@@ -183,7 +184,15 @@ def snapshot_records(
     if overwritten is not None and overwritten.sha256 not in {b.sha256 for b in blobs if b is not None}:
         records.extend(blob_tombstones(rollout_id, overwritten))
     snapshot = Snapshot(
-        draft.header, draft.status, draft.covers_seq, replay_partition, replay_offset, inline, digest, blob
+        draft.header,
+        draft.status,
+        draft.covers_seq,
+        replay_partition,
+        replay_offset,
+        inline,
+        digest,
+        blob,
+        draft.summary,
     )
     records.append(OutRecord(Stream.SNAPSHOTS, snapshot_key(rollout_id, slot), codec.encode(snapshot), rollout_id))
     return records, SnapshotSlots(slot, tuple(blobs))

@@ -96,6 +96,7 @@ from rollout_journal.journal.kafka.retry import Action, Retry, Role, classify
 from rollout_journal.journal.kafka.topics import TopicState, prepare_topics, record_limits, topic_configs
 from rollout_journal.journal.kafka.writer import KafkaWriter, MemberWriter, StagedCommit
 from rollout_journal.journal.metrics import JournalMetrics
+from rollout_journal.journal.summary import COMPLETE_KEY, COMPLETE_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +125,13 @@ class KafkaBackend(Backend):
         self.snapshots_topic = settings.snapshots_topic
         self.results_topic = settings.results_topic
         self.workloads_topic = settings.workloads_topic
+        self.summaries_topic = settings.summaries_topic
         self._topics = {
             Stream.EVENTS: self.events_topic,
             Stream.SNAPSHOTS: self.snapshots_topic,
             Stream.RESULTS: self.results_topic,
             Stream.WORKLOADS: self.workloads_topic,
+            Stream.SUMMARIES: self.summaries_topic,
         }
         self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
         self._topic_max_bytes: int | None = None
@@ -210,7 +213,8 @@ class KafkaBackend(Backend):
         timeout_s = self.settings.operation_timeout_ms / 1000
         try:
             unrestricted = wait_until_authenticated(admin, self.settings, self._client_errors, timeout_s)
-            self.topics = prepare_topics(admin, self.settings, create=create)
+            created: set[str] = set()
+            self.topics = prepare_topics(admin, self.settings, create=create, created=created)
             # A cluster without an authorizer (or a super user) grants everything: nothing to check,
             # and no coordinator lookup that a failover could leave hanging in the admin client.
             if not unrestricted:
@@ -226,6 +230,43 @@ class KafkaBackend(Backend):
         self._topic_max_bytes, self.max_record_bytes = record_limits(self.topics, self.settings)
         # A namespace of an older version, opened without creating topics, has none: registrations are on the snapshots.
         self.keeps_workloads = self.workloads_topic in self.topics
+        self.keeps_summaries = self.summaries_topic in self.topics
+        if {self.events_topic, self.summaries_topic} <= created:
+            self._mark_summaries_complete()
+        elif self.summaries_topic in created:
+            log.info(
+                "created topic %s for a namespace written before it: listings of %s fold every event",
+                self.summaries_topic,
+                self.settings.namespace,
+            )
+
+    def _mark_summaries_complete(self) -> None:
+        """(The namespace's creator.) Every rollout will have a summary: say so on the summaries topic,
+        so that a listing reads summaries. Only the opener that created the events topic with it knows
+        that; a namespace without the mark (this write failed, or one written before summaries) is
+        listed by folding its events, slower but the same."""
+        cfg = base_config(self.settings, self.settings.transactional_id or "creator", "summaries")
+        cfg.update({"enable.idempotence": True, "acks": "all", "error_cb": on_client_error(self.settings)})
+        cfg.update(self.settings.librdkafka)
+        producer = new_client(Producer, cfg, "producer")
+        failed: list[str] = []
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                failed.append(str(err))
+
+        try:
+            producer.produce(self.summaries_topic, value=COMPLETE_VALUE, key=COMPLETE_KEY.encode(), partition=0,
+                             on_delivery=delivered)  # fmt: skip
+            remaining = producer.flush(self.settings.operation_timeout_ms / 1000)
+        finally:
+            close_client(producer)
+        if remaining or failed:
+            log.warning(
+                "could not mark %s complete (%s): listings of this namespace fold every event",
+                self.summaries_topic,
+                failed[0] if failed else "not delivered in time",
+            )
 
     # -- writing --------------------------------------------------------------------------
 
@@ -598,6 +639,22 @@ class KafkaBackend(Backend):
         for partition in wanted:
             self._check_partition(partition)
         return self.readers.read(self.snapshots_topic, wanted, None)
+
+    def read_summaries(
+        self, partitions: Collection[int] | None = None, held: list[HeldBack] | None = None
+    ) -> Iterator[StoredRecord]:
+        """Every retained record of ``<namespace>.summaries`` (of ``partitions`` only, if given; the
+        completeness mark lies on partition 0), in log order per partition; ``held`` as for
+        :meth:`read_events`."""
+        self._check_open()
+        if not self.keeps_summaries:
+            return super().read_summaries(partitions, held)
+        wanted = list(range(self.partitions)) if partitions is None else sorted(partitions)
+        for partition in wanted:
+            self._check_partition(partition)
+        if held is None or self.transactional:
+            return self.readers.read(self.summaries_topic, wanted, None)
+        return self.readers.read_from(self.summaries_topic, dict.fromkeys(wanted), held=held)
 
     def read_results(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
         """Committed results records of one partition from ``from_offset`` to the end seen when reading starts."""

@@ -124,16 +124,31 @@ def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
         s.workloads_topic: {  # a few records, the newest registration per workload
             "cleanup.policy": "compact",
         },
+        s.summaries_topic: {  # a listing reads it whole: kept near one record per rollout, as the snapshots
+            "cleanup.policy": "compact",
+            "min.cleanable.dirty.ratio": str(s.snapshot_min_cleanable_dirty_ratio),
+            "segment.ms": str(s.snapshot_segment_ms),
+            "segment.bytes": str(s.snapshot_segment_bytes),
+            "delete.retention.ms": str(s.snapshot_delete_retention_ms),
+        },
     }
 
 
-def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool) -> dict[str, TopicState]:
-    """Create the topics if ``create`` (an existing one is fine), then check each; their states."""
+def prepare_topics(
+    admin: AdminClient, settings: KafkaSettings, *, create: bool, created: set[str] | None = None
+) -> dict[str, TopicState]:
+    """Create the topics if ``create`` (an existing one is fine; ``created`` gains those this call
+    created), then check each; their states."""
     timeout_s = settings.operation_timeout_ms / 1000
     wanted = topic_configs(settings)
     if create:
-        _create(admin, settings, wanted, timeout_s)
+        made = _create(admin, settings, wanted, timeout_s)
+        if created is not None:
+            created.update(made)
     else:
+        if not topic_listed(admin, settings.summaries_topic, timeout_s, unsure=True):
+            # Written before summaries: its listings fold every event.
+            del wanted[settings.summaries_topic]
         if not topic_listed(admin, settings.results_topic, timeout_s, unsure=True):  # the describe below says why
             # A namespace written before results were published: its readers open it as it is.
             log.info("topic %s does not exist: this namespace publishes no results", settings.results_topic)
@@ -162,8 +177,12 @@ def record_limits(states: dict[str, TopicState], settings: KafkaSettings) -> tup
     return min(topic_limits, default=None), min([*topic_limits, client_limit]) - RECORD_FRAMING_BYTES
 
 
-def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[str, str]], timeout_s: float) -> None:
+def _create(
+    admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[str, str]], timeout_s: float
+) -> set[str]:
+    """Create the topics of ``wanted`` that do not exist; those this call created."""
     s = settings
+    made: set[str] = set()
     replication = BROKER_DEFAULT if s.replication_factor is None else s.replication_factor
     asked = "the broker's default" if s.replication_factor is None else str(s.replication_factor)
     new = [
@@ -173,6 +192,7 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
     for topic, future in admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s).items():
         try:
             future.result()
+            made.add(topic)
             log.info(
                 "created topic %s (%d partitions, replication factor %s)", topic, topic_partitions(s, topic), asked
             )
@@ -198,6 +218,7 @@ def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[
                 f"cannot create topic {topic} ({topic_partitions(s, topic)} partitions, replication factor {asked}) "
                 f"on {s.bootstrap_servers}: {detail}"
             ) from exc
+    return made
 
 
 def topic_listed(admin: AdminClient, topic: str, timeout_s: float, *, unsure: bool) -> bool:

@@ -1,0 +1,159 @@
+"""Per-rollout summaries on Kafka (``journal/summary.py``): written with the events they fold, read
+by ``replay list`` instead of every event, and always showing what folding every event shows: with
+a zombie attempt writing after its successor, a writer that never learned a rollout's history, and
+a namespace older than summaries."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import numpy as np
+import pytest
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.common import turn_events
+from rollout_journal.journal.events import AttemptStarted, Header, Message, RolloutEvent, RolloutSummary
+from rollout_journal.journal.journal import Journal
+from rollout_journal.journal.kafka.config import KafkaSettings
+from rollout_journal.journal.open import open_journal
+from rollout_journal.journal.restore import load_rollouts
+from rollout_journal.journal.summary import COMPLETE_KEY, load_summaries, summary_key, summary_of
+from rollout_journal.replay.listing import Listing, list_rollouts
+from rollout_journal.replay.source import open_replay
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
+
+
+def start(rid: str, attempt: int = 1, seq: int = 0, resumed_from_turn: int = 0) -> AttemptStarted:
+    header = Header(rid, rid.rsplit("-", 1)[0], attempt, attempt, resumed_from_turn, seq, Header.now_ms(), "test")
+    return AttemptStarted(header, resumed_from_turn, "topology", "test", [Message("user", "task")])
+
+
+def turn(rid: str, t: int, seq: int, attempt: int = 1) -> list[RolloutEvent]:
+    return turn_events(rid, t, seq, np.random.default_rng(t), prompt_delta=8, output=4, attempt=attempt)
+
+
+def listings(location: str) -> tuple[Listing, Listing]:
+    """(``replay list``, ``replay list --scan``)."""
+    with open_replay(location) as source:
+        return list_rollouts(source), list_rollouts(source, scan=True)
+
+
+def rows(listing: Listing) -> dict[str, dict]:
+    return {row.rollout_id: row.as_json() for row in listing.rows}
+
+
+@pytest.fixture
+def location(kafka_bootstrap: str) -> str:
+    return f"kafka://{kafka_bootstrap}/sum{uuid.uuid4().hex[:8]}?partitions=2"
+
+
+def test_a_listing_reads_the_summaries_and_shows_what_the_events_show(location: str) -> None:
+    ids = [f"sum-g{i}-s0" for i in range(4)]
+    with open_journal(location, writer="w0") as journal:
+        for i, rid in enumerate(ids):
+            journal.append_sync([start(rid)])
+            for t in range(i + 1):
+                journal.append_sync(turn(rid, t, 1 + 3 * t))
+        backend = journal.backend
+        index = load_summaries(journal.codec, backend.read_summaries())
+    assert index.complete and not index.errors  # the namespace began with its summaries
+    assert index.records == 1 + sum(1 + i + 1 for i in range(4))  # the mark, then one a commit (not compacted yet)
+    summarized, scanned = listings(location)
+    assert (summarized.read, scanned.read) == ("summaries", "events")
+    assert rows(summarized) == rows(scanned)
+    assert {rid: row["turns"] for rid, row in rows(summarized).items()} == {rid: i + 1 for i, rid in enumerate(ids)}
+    assert summarized.events == scanned.events == sum(1 + 3 * (i + 1) for i in range(4))
+
+
+def test_a_zombie_attempt_writing_after_its_successor_never_stands_for_the_rollout(location: str) -> None:
+    """Attempt 1's writer goes on after attempt 2 began elsewhere (it never learned of it): its
+    summaries land after attempt 2's, under its own epoch's key; the newest epoch's is read."""
+    rid = "zombie-g0-s0"
+    with open_journal(location, writer="a") as zombie:
+        zombie.append_sync([start(rid), *turn(rid, 0, 1)])
+        with open_journal(location, writer="b") as successor:
+            history = load_rollouts(successor).rollouts[rid]
+            successor.note_summary(rid, summary_of(successor.codec, history))  # what a restore does
+            successor.append_sync([start(rid, attempt=2, seq=4, resumed_from_turn=1)])
+            successor.append_sync(turn(rid, 1, 5, attempt=2))
+        zombie.append_sync(turn(rid, 1, 4))  # epoch 1, after the fence: readers drop it
+        zombie.append_sync(turn(rid, 2, 7))
+    summarized, scanned = listings(location)
+    assert summarized.read == "summaries"
+    assert rows(summarized) == rows(scanned)
+    row = rows(summarized)[rid]
+    assert (row["attempts"], row["epoch"], row["turns"], row["crashes"]) == (2, 2, 2, 1)
+    assert scanned.report.fenced  # the scan dropped the zombie's events
+    with open_replay(location) as source:
+        index = load_summaries(source.journal.codec, source.journal.backend.read_summaries())
+        keys = [record.key for record in source.journal.backend.read_summaries() if record.key != COMPLETE_KEY]
+    assert index.summaries[rid].epoch == 2
+    last_zombie = max(i for i, key in enumerate(keys) if key == summary_key(rid, 1))
+    assert last_zombie > keys.index(summary_key(rid, 2))  # the zombie's came after its successor's
+
+
+def test_a_writer_that_never_learned_the_history_summarises_incomplete_and_the_listing_folds_it(
+    location: str,
+) -> None:
+    rid = "blind-g0-s0"
+    with open_journal(location, writer="w0") as first:
+        first.append_sync([start(rid), *turn(rid, 0, 1)])
+    with open_journal(location, writer="w0") as blind:  # appends without restoring the rollout
+        blind.append_sync(turn(rid, 1, 4))
+        index = load_summaries(blind.codec, blind.backend.read_summaries())
+    assert isinstance(index.summaries[rid], RolloutSummary) and not index.summaries[rid].complete
+    summarized, scanned = listings(location)
+    assert summarized.read == "summaries"
+    assert rows(summarized) == rows(scanned)
+    assert rows(summarized)[rid]["turns"] == 2
+
+
+def test_a_restore_carries_the_summary_in_the_snapshot_so_the_next_writer_knows_it(location: str) -> None:
+    """The snapshot keeps the summary through its ``covers_seq``; a writer restoring from it folds
+    only the events after it and goes on summarising whole."""
+    from rollout_journal.journal.snapshots import SnapshotDraft
+
+    rid = "snap-g0-s0"
+    with open_journal(location, writer="w0") as first:
+        first.append_sync([start(rid), *turn(rid, 0, 1)], SnapshotDraft(start(rid).header, "running", 3, b"state"))
+        first.append_sync(turn(rid, 1, 4))
+    with open_journal(location, writer="w0") as second:
+        history = load_rollouts(second).rollouts[rid]
+        assert history.snapshot is not None and history.snapshot.snapshot.summary is not None
+        assert [item.event.header.seq for item in history.events] == [4, 5, 6]
+        fold = summary_of(second.codec, history)
+        assert fold is not None and fold.progress.next_turn == 2 and fold.events == 7
+        second.note_summary(rid, fold)
+        second.append_sync(turn(rid, 2, 7))
+        index = load_summaries(second.codec, second.backend.read_summaries())
+    assert index.summaries[rid].complete and index.summaries[rid].next_turn == 3
+    summarized, scanned = listings(location)
+    assert rows(summarized) == rows(scanned)
+
+
+def test_a_namespace_written_before_summaries_is_listed_from_its_events(kafka_bootstrap: str) -> None:
+    """Its summaries topic, created by this version's first writer, misses the older rollouts:
+    no completeness mark, so a listing folds every event."""
+    settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, namespace=f"old{uuid.uuid4().hex[:8]}", partitions=2)
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    older = [settings.events_topic, settings.snapshots_topic, settings.results_topic, settings.acks_topic]
+    policy = {t: "compact" if t == settings.snapshots_topic else "delete" for t in older}
+    for future in admin.create_topics(
+        [NewTopic(t, 2, 1, config={"cleanup.policy": policy[t]}) for t in older]
+    ).values():
+        future.result()
+    deadline = time.monotonic() + 30
+    while not all(t in admin.list_topics(timeout=10).topics for t in older):
+        assert time.monotonic() < deadline, "created topics never appeared in the metadata"
+        time.sleep(0.05)
+    location = f"kafka://{kafka_bootstrap}/{settings.namespace}?partitions=2"
+    rid = "old-g0-s0"
+    with open_journal(location, writer="w0") as journal:
+        assert isinstance(journal, Journal) and journal.backend.keeps_summaries  # created now, without the mark
+        journal.append_sync([start(rid), *turn(rid, 0, 1)])
+        assert not load_summaries(journal.codec, journal.backend.read_summaries()).complete
+    summarized, scanned = listings(location)
+    assert summarized.read == "events"
+    assert rows(summarized) == rows(scanned) and rid in rows(summarized)
