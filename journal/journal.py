@@ -364,7 +364,7 @@ class Journal:
             ],
             check=check,
         )
-        future = self._summarized([event], future)
+        self._summarized([event], future)
         with self._fence_lock:
             self._ack_serial += 1
             serial = self._acknowledging[rollout_id] = self._ack_serial

@@ -186,9 +186,9 @@ def list_rollouts(
         ends = source.end_offsets()
         workers = jobs_for(source, jobs, ends)
         if workers > 1:
-            scan = PartitionScan(source, partial(_list_partition, projected=projected), workers, ends)
+            workers_scan = PartitionScan(source, partial(_list_partition, projected=projected), workers, ends)
             source.journal.note_damage(listing.report)  # first, as a serial scan notes it
-            rows = _merged(scan.run(progress), listing)
+            rows = _merged(workers_scan.run(progress), listing)
     if rows is None:  # one process (or a journal whose rollouts straddle partitions: read it as one)
         listing = Listing(source.location)
         rows = {}

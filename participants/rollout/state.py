@@ -52,7 +52,11 @@ from rollout_journal.journal.events import (
     TrainingRecord,
     TurnCompleted,
 )
-from rollout_journal.journal.progress import RolloutProgress, StateFoldError
+
+# Re-exported: the aggregate's base and its error, which live below the participants for the
+# journal's writer (its per-rollout summaries fold them too)
+from rollout_journal.journal.progress import RolloutProgress as RolloutProgress
+from rollout_journal.journal.progress import StateFoldError as StateFoldError
 from rollout_journal.journal.restore import RolloutHistory
 from rollout_journal.participants.resources import MutationRecord
 from rollout_journal.participants.rollout.effects import EffectLog
