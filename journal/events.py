@@ -431,6 +431,7 @@ class RolloutSummary:
     newest_attempt_ended: bool
     newest_attempt_forked: bool
     events: int
+    first_offset: int  # its first event's offset on its events partition (-1: not known when written)
     ts_ms: int
 
 

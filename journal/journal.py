@@ -58,7 +58,7 @@ from rollout_journal.journal.snapshots import (
     tombstone_records,
     workload_key,
 )
-from rollout_journal.journal.summary import SummaryFold, SummaryWriter
+from rollout_journal.journal.summary import SummaryFold, SummaryWriter, load_summaries
 
 log = logging.getLogger(__name__)
 
@@ -284,7 +284,9 @@ class Journal:
         rollout_ids = {e.header.rollout_id for e in events}
 
         def settled(done: Future[AppendReceipt]) -> None:
-            if not done.cancelled() and done.exception() is not None:
+            if done.cancelled():
+                return
+            if done.exception() is not None:
                 with self._fence_lock:
                     for rollout_id in rollout_ids:
                         summaries.forget(rollout_id)
@@ -292,6 +294,15 @@ class Journal:
         # Future's own method: the committer's would make the batch due and skip its linger.
         Future.add_done_callback(future, settled)
         return future
+
+    def first_offset(self, rollout_id: str) -> int:
+        """Where the rollout's events begin on its partition, as its newest summary says (0 where
+        no summary tells: a backend without summaries, or a summary written before it was known)."""
+        if not self.backend.keeps_summaries:
+            return 0
+        index = load_summaries(self.codec, self.backend.read_summaries([self.partition_of(rollout_id)]))
+        summary = index.summaries.get(rollout_id)
+        return summary.first_offset if summary is not None and summary.complete and summary.first_offset > 0 else 0
 
     def note_summary(self, rollout_id: str, fold: SummaryFold | None) -> None:
         """Tell the writer a restored rollout's summary (:func:`~rollout_journal.journal.summary.summary_of`;
@@ -548,6 +559,9 @@ class Journal:
         return records
 
     def _note_committed(self, records: Sequence[OutRecord], locations: list[RecordLocation]) -> None:
+        if self._summaries is not None:  # before the appends' futures resolve: their next summaries know
+            with self._fence_lock:
+                self._summaries.located(records, locations)
         for record, location in zip(records, locations):
             if record.stream is Stream.EVENTS:
                 after = self.backend.offset_after(location)

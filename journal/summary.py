@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from rollout_journal.journal.backend import OutRecord, StoredRecord, Stream, compacted
-from rollout_journal.journal.codec import Codec
-from rollout_journal.journal.errors import CorruptRecordError, JournalError
+from rollout_journal.journal.codec import Codec, peek_seq
+from rollout_journal.journal.errors import CorruptRecordError, JournalError, RecordLocation
 from rollout_journal.journal.events import AttemptStarted, Header, RolloutEvent, RolloutSummary
 from rollout_journal.journal.progress import CrashCount, RolloutProgress, StateFoldError
 
@@ -74,6 +74,7 @@ class SummaryFold:
     progress: RolloutProgress
     crashes: CrashCount = field(default_factory=CrashCount)
     events: int = 0
+    first_offset: int = -1  # where its first event lies on its events partition (-1: not known)
 
     @classmethod
     def empty(cls, rollout_id: str, group_id: str) -> SummaryFold:
@@ -114,6 +115,7 @@ class SummaryFold:
             c.ended,
             c.fork_copy,
             self.events,
+            self.first_offset,
             Header.now_ms(),
         )
 
@@ -143,14 +145,14 @@ class SummaryFold:
             calls_this_turn=r.calls_this_turn,
         )
         crashes = CrashCount(r.crashes, r.newest_attempt_ran, r.newest_attempt_ended, r.newest_attempt_forked)
-        return cls(progress, crashes, r.events)
+        return cls(progress, crashes, r.events, r.first_offset)
 
 
 def incomplete(rollout_id: str, group_id: str, epoch: int) -> RolloutSummary:
     """The summary of a rollout whose history its writer does not know: a reader folds its events."""
     return RolloutSummary(
         rollout_id, group_id, epoch, False, 0, 0, 0, False, None, False, False, 0, 0, 0, 0, [], "", None, 0, 0, 0, 0,
-        False, False, False, 0, Header.now_ms(),
+        False, False, False, 0, -1, Header.now_ms(),
     )  # fmt: skip
 
 
@@ -186,6 +188,16 @@ class SummaryWriter:
         if fold is None or fold.progress.next_seq != covers_seq + 1:
             return None
         return self.codec.encode(fold.record())
+
+    def located(self, records: Sequence[OutRecord], locations: Sequence[RecordLocation]) -> None:
+        """``records`` were committed at ``locations``: a rollout's first event (seq 0) tells where
+        its events begin, which its next summaries carry."""
+        for record, location in zip(records, locations):
+            if record.stream is not Stream.EVENTS or record.continuation or record.value is None:
+                continue
+            fold = self._folds.get(record.key)
+            if fold is not None and fold.first_offset < 0 and peek_seq(record.value) == 0:
+                fold.first_offset = location.offset
 
     def records(self, events: Sequence[RolloutEvent], earlier_epochs: Iterable[int] = ()) -> list[OutRecord]:
         """Fold ``events`` (one rollout's, in order) and return its summary record, plus tombstones of
@@ -231,6 +243,8 @@ def summary_of(codec: Codec, history: RolloutHistory) -> SummaryFold | None:
         if not events:
             return None
         fold = SummaryFold.empty(history.rollout_id, events[0].header.group_id)
+        if events[0].header.seq == 0:
+            fold.first_offset = history.events[0].location.offset
     else:
         encoded = loaded.snapshot.summary
         if encoded is None:

@@ -136,7 +136,7 @@ STANDARD_FINGERPRINTS = {
     ("TrainingRecord", 2): "156a491f337fd8bb",
     ("TurnCompleted", 3): "df12c42d402c7a64",
     ("Snapshot", 2): "2d9ab8a8a1c4dd11",
-    ("RolloutSummary", 1): "8ad8d7fecb0220b5",
+    ("RolloutSummary", 1): "9c801bd7a6f16fc3",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
 

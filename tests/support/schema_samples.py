@@ -114,6 +114,7 @@ SAMPLES = {
         True,
         False,
         10,
+        42,
         123,
     ),  # fmt: skip
     "BlobChunk": BlobChunk("f" * 64, 0, 1, b"0123456789"),

@@ -157,3 +157,24 @@ def test_a_namespace_written_before_summaries_is_listed_from_its_events(kafka_bo
     summarized, scanned = listings(location)
     assert summarized.read == "events"
     assert rows(summarized) == rows(scanned) and rid in rows(summarized)
+
+
+def test_one_rollout_is_read_from_where_its_summary_says_its_events_begin(location: str) -> None:
+    """``replay show`` (and every reader of one rollout) starts at the rollout's first event, which
+    its summary names, not at the start of its partition."""
+    from rollout_journal.journal.journal import ReadReport
+
+    with open_journal(location, writer="w0") as journal:
+        early = "early-g0-s0"
+        late = next(r for i in range(1000) if journal.partition_of(r := f"late-g{i}-s0") == journal.partition_of(early))
+        journal.append_sync([start(early), *turn(early, 0, 1), *turn(early, 1, 4)])
+        first = journal.append_sync([start(late)]).locations[0]
+        journal.append_sync(turn(late, 0, 1))
+        assert journal.first_offset(late) == first.offset > 0
+        assert journal.first_offset(early) == 0
+    with open_replay(location) as source:
+        report = ReadReport()
+        shown = [item.event for item in source.rollout_events(late, report)]
+        whole = [item.event for item in source.journal.read_rollout(late)]
+    assert shown == whole and len(shown) == 4
+    assert report.records_read == 4  # the early rollout's 7 records before it were not read
