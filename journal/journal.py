@@ -397,6 +397,9 @@ class Journal:
                 self._acknowledged.discard(rollout_id)
         if not failed:
             self._slots.pop(rollout_id, None)
+            if self._summaries is not None:  # nothing follows an acknowledgement: a long-lived writer keeps no fold
+                with self._fence_lock:
+                    self._summaries.drop([rollout_id])
 
     def request_acknowledgement(
         self, event: RolloutAcknowledged, attempts: Sequence[FenceEntry] | None = None
