@@ -4,7 +4,11 @@ writer path must keep working as it did before summaries. Real broker, real jour
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -79,3 +83,74 @@ def test_a_failure_whose_reason_is_large_is_journaled_as_before(location: str) -
     summarized, scanned = listings(location)
     assert rows(summarized) == rows(scanned)
     assert rows(scanned)[rid]["failures"] == 1
+
+
+OLD_WRITER = """
+import sys
+import numpy as np
+from bench.common import turn_events
+from rollout_journal.journal.events import AttemptStarted, Header, Message
+from rollout_journal.journal.open import open_journal
+
+location, continued, fresh = sys.argv[1:4]
+assert "summary" not in open_journal.__globals__ and not hasattr(__import__("rollout_journal.journal.events",
+    fromlist=["x"]), "RolloutSummary"), "not the old version"
+
+def turn(rid, t, seq):
+    return turn_events(rid, t, seq, np.random.default_rng(t), prompt_delta=8, output=4)
+
+with open_journal(location, writer="old") as journal:
+    journal.append_sync(turn(continued, 1, 4))  # a hand-off: the old member continues a rollout
+    h = Header(fresh, fresh.rsplit("-", 1)[0], 1, 1, 0, 0, Header.now_ms(), "old")
+    journal.append_sync([AttemptStarted(h, 0, "topology", "test", [Message("user", "task")]), *turn(fresh, 0, 1)])
+"""
+
+
+def _old_version(tmp_path: Path) -> Path:
+    """The code of the commit before summaries, importable as rollout_journal (cwd: its root)."""
+    repo = Path(__file__).resolve().parents[3]
+    old = tmp_path / "old"
+    old.mkdir()
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", f"{SUMMARIES_COMMIT}^", *OLD_DIRS], check=True, capture_output=True
+        ).stdout
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.skip(f"the version before summaries is not in this checkout's git: {exc}")
+    subprocess.run(["tar", "-x", "-C", str(old)], input=archive, check=True)
+    ns = old / "ns" / "rollout_journal"
+    ns.mkdir(parents=True)
+    for d in OLD_DIRS[:-1]:
+        (ns / d).symlink_to(old / d)
+    return old
+
+
+SUMMARIES_COMMIT = "d85be5d"  # "journal: each commit writes its rollouts' summaries; list reads them"
+OLD_DIRS = ["journal", "participants", "replay", "schemas", "compose", "bench"]
+
+
+def test_a_writer_of_the_version_before_summaries_on_a_namespace_this_version_created(
+    location: str, tmp_path: Path
+) -> None:
+    """A rolling upgrade: this version created the namespace (and marked its summaries complete);
+    a member still on the previous version takes a partition over and continues a rollout, and
+    starts another. It writes no summaries: the listing misses the new rollout and shows the
+    continued one as it stood before the hand-off, while the scan shows both as they are."""
+    continued, fresh = "mixed-g0-s0", "mixed-g1-s0"
+    with open_journal(location, writer="new") as journal:
+        journal.append_sync([start(continued), *turn(continued, 0, 1)])
+    old = _old_version(tmp_path)
+    env = {**os.environ, "PYTHONPATH": str(old / "ns")}
+    ran = subprocess.run(
+        [sys.executable, "-c", OLD_WRITER, location, continued, fresh],
+        cwd=old,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    summarized, scanned = listings(location)
+    assert {r: row["turns"] for r, row in rows(scanned).items()} == {continued: 2, fresh: 1}
+    assert summarized.read == "summaries"
+    assert rows(summarized) == rows(scanned)
