@@ -154,3 +154,26 @@ def test_a_writer_of_the_version_before_summaries_on_a_namespace_this_version_cr
     assert {r: row["turns"] for r, row in rows(scanned).items()} == {continued: 2, fresh: 1}
     assert summarized.read == "summaries"
     assert rows(summarized) == rows(scanned)
+
+
+def test_a_give_up_after_a_long_failure_with_its_final_snapshot_is_journaled_as_before(location: str) -> None:
+    """A failure whose reason fits a summary record on its own, then the give-up in one commit with
+    the final snapshot (as ``Agent.give_up`` writes it): the snapshot record carries the summary,
+    failure and all, beside an inline state; together they are over what the broker takes."""
+    from rollout_journal.journal.events import RolloutGivenUp
+    from rollout_journal.journal.snapshots import SnapshotDraft
+
+    rid = "giveup-g0-s0"
+    with open_journal(location, writer="w0") as journal:
+        journal.append_sync([start(rid), *turn(rid, 0, 1)])
+        reason = "tool output: " + "x" * 800_000
+        failed = Header(rid, "giveup-g0", 1, 1, 1, 4, Header.now_ms(), "test")
+        journal.append_sync([RolloutFailed(failed, "ToolError", reason)])
+        given_up = Header(rid, "giveup-g0", 1, 1, 1, 5, Header.now_ms(), "test")
+        state = bytes(250_000)  # under the journal's inline limit (256 KiB): written in the snapshot record itself
+        journal.append_sync(
+            [RolloutGivenUp(given_up, 1, "ToolError", reason)], SnapshotDraft(given_up, "finished", 5, state)
+        )
+    summarized, scanned = listings(location)
+    assert rows(summarized) == rows(scanned)
+    assert rows(scanned)[rid]["status"] == "given up"
