@@ -180,7 +180,8 @@ class Journal:
         self._ack_serial = 0
         self._workloads_stream_checked = False  # register_workload looked for registrations to copy there
         # Each rollout's summary, folded from what this writer appends (a backend that keeps summaries)
-        self._summaries = SummaryWriter(self.codec) if backend.keeps_summaries else None
+        # (a summary goes whole into its own record and into a snapshot's, beside an inline state)
+        self._summaries = SummaryWriter(self.codec, self.inline_snapshot_limit) if backend.keeps_summaries else None
         self._committer = GroupCommitter(
             backend,
             linger_ms=linger_ms,

@@ -169,7 +169,8 @@ def snapshot_records(
     records: list[OutRecord] = []
     blob: BlobRef | None = None
     inline = draft.state
-    if len(draft.state) > inline_limit:
+    # The summary shares the snapshot's record with an inline state: both must fit a record.
+    if len(draft.state) + len(draft.summary or b"") > inline_limit:
         count = -(-len(draft.state) // inline_limit)
         blob = BlobRef(digest, len(draft.state), count)
         inline = b""

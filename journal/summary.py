@@ -161,8 +161,11 @@ class SummaryWriter:
 
     Not thread-safe: the journal calls it under its fence lock."""
 
-    def __init__(self, codec: Codec) -> None:
+    def __init__(self, codec: Codec, max_bytes: int | None = None) -> None:
         self.codec = codec
+        # The largest summary record written whole (a record is not chunked): a larger one (a failure
+        # carrying a long message) is written incomplete, and a listing folds that rollout's events.
+        self.max_bytes = max_bytes
         self._folds: dict[str, SummaryFold | None] = {}  # None: its history is not known here
 
     def note(self, rollout_id: str, fold: SummaryFold | None) -> None:
@@ -187,7 +190,8 @@ class SummaryWriter:
         fold = self._folds.get(rollout_id)
         if fold is None or fold.progress.next_seq != covers_seq + 1:
             return None
-        return self.codec.encode(fold.record())
+        encoded = self.codec.encode(fold.record())
+        return None if self.max_bytes is not None and len(encoded) > self.max_bytes else encoded
 
     def located(self, records: Sequence[OutRecord], locations: Sequence[RecordLocation]) -> None:
         """``records`` were committed at ``locations``: a rollout's first event (seq 0) tells where
@@ -219,7 +223,16 @@ class SummaryWriter:
         self._folds[rollout_id] = fold
         epoch = max(e.header.epoch for e in events)
         summary = fold.record() if fold is not None else incomplete(rollout_id, first.group_id, epoch)
-        out = [OutRecord(Stream.SUMMARIES, summary_key(rollout_id, epoch), self.codec.encode(summary), rollout_id)]
+        value = self.codec.encode(summary)
+        if self.max_bytes is not None and len(value) > self.max_bytes:  # the fold stays: it is right, only large
+            log.warning(
+                "rollout %s: its summary (%d bytes) is over a record's %d: written incomplete",
+                rollout_id,
+                len(value),
+                self.max_bytes,
+            )
+            value = self.codec.encode(incomplete(rollout_id, first.group_id, epoch))
+        out = [OutRecord(Stream.SUMMARIES, summary_key(rollout_id, epoch), value, rollout_id)]
         out += [
             OutRecord(Stream.SUMMARIES, summary_key(rollout_id, old), None, rollout_id)
             for old in sorted(set(earlier_epochs))
