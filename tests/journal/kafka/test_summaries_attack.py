@@ -177,3 +177,36 @@ def test_a_give_up_after_a_long_failure_with_its_final_snapshot_is_journaled_as_
     summarized, scanned = listings(location)
     assert rows(summarized) == rows(scanned)
     assert rows(scanned)[rid]["status"] == "given up"
+
+
+def test_an_acknowledgement_applied_at_a_take_leaves_a_whole_summary(location: str) -> None:
+    """A take (``take_and_restore``) applies the acknowledgements that waited for an owner right
+    after ``load_rollouts`` and before any ``trusted_restore``: the writer does not know the
+    rollout's fold yet, so the acknowledgement's summary is written incomplete, and the rollout,
+    acknowledged, is never restored again: every listing folds its partition's events from then on
+    (right, but as slow as a scan, for every rollout a trainer acknowledged across a hand-off)."""
+    from rollout_journal.journal.events import RolloutAcknowledged, RolloutFinished
+    from rollout_journal.journal.snapshots import SnapshotDraft
+    from rollout_journal.journal.summary import load_summaries
+
+    rid = "acked-g0-s0"
+    finished = Header(rid, "acked-g0", 1, 1, 1, 4, Header.now_ms(), "test")
+    with open_journal(location, writer="w0") as runner:
+        runner.append_sync([start(rid), *turn(rid, 0, 1)])
+        runner.append_sync([RolloutFinished(finished, 1.0, 1, "{}")], SnapshotDraft(finished, "finished", 4, b"s"))
+    # The owner is gone; the trainer acknowledges (to <ns>.acks, for whoever owns the partition next).
+    with open_journal(location, writer="trainer") as trainer:
+        ack = RolloutAcknowledged(Header(rid, "acked-g0", 1, 1, 1, 5, Header.now_ms(), "trainer"), "trainer")
+        trainer.request_acknowledgement(ack).result()
+    with open_journal(location, writer="w0") as owner:  # the next owner's take
+        plan = load_rollouts(owner)
+        assert rid in plan.rollouts  # finished, its acknowledgement waiting
+        records, _ = owner.backend.read_acks(owner.partition_of(rid))
+        applied = [owner.apply_acknowledgement(stored) for stored in records]
+        for future in applied:
+            assert future is not None
+            future.result()
+        index = load_summaries(owner.codec, owner.backend.read_summaries())
+    summarized, scanned = listings(location)
+    assert rows(summarized) == rows(scanned) and rows(scanned)[rid]["status"] == "acknowledged"
+    assert index.summaries[rid].complete, "the acknowledged rollout's summary is incomplete for good"
