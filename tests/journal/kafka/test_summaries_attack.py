@@ -188,6 +188,7 @@ def test_an_acknowledgement_applied_at_a_take_leaves_a_whole_summary(location: s
     from rollout_journal.journal.events import RolloutAcknowledged, RolloutFinished
     from rollout_journal.journal.snapshots import SnapshotDraft
     from rollout_journal.journal.summary import load_summaries
+    from rollout_journal.journal.takeover import apply_waiting_acks
 
     rid = "acked-g0-s0"
     finished = Header(rid, "acked-g0", 1, 1, 1, 4, Header.now_ms(), "test")
@@ -201,11 +202,8 @@ def test_an_acknowledgement_applied_at_a_take_leaves_a_whole_summary(location: s
     with open_journal(location, writer="w0") as owner:  # the next owner's take
         plan = load_rollouts(owner)
         assert rid in plan.rollouts  # finished, its acknowledgement waiting
-        records, _ = owner.backend.read_acks(owner.partition_of(rid))
-        applied = [owner.apply_acknowledgement(stored) for stored in records]
-        for future in applied:
-            assert future is not None
-            future.result()
+        apply_waiting_acks(owner, owner.partition_of(rid), plan)  # what take_and_restore does next
+        assert rid in plan.acknowledged
         index = load_summaries(owner.codec, owner.backend.read_summaries())
     summarized, scanned = listings(location)
     assert rows(summarized) == rows(scanned) and rows(scanned)[rid]["status"] == "acknowledged"
