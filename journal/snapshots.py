@@ -48,6 +48,7 @@ from rollout_journal.journal.events import (
     Snapshot,
     WorkloadRegistered,
 )
+from rollout_journal.schemas import released_versions
 
 RUNNING = "running"  # a snapshot status: events may follow it; any other status is final
 BLOB_MARK = "/blob/"
@@ -55,6 +56,7 @@ FENCE_SUFFIX = "/fence"
 WORKLOAD_SUFFIX = "/workload"
 LEGACY_WORKLOAD_PREFIX = "workload:"  # 0.1.0 kept a workload's registration as a pseudo-rollout snapshot
 SLOT_ONE_SUFFIX = "/snapshot/1"
+_SNAPSHOT_V1 = released_versions()["Snapshot"][0]
 SLOTS = 2
 
 
@@ -195,7 +197,10 @@ def snapshot_records(
         blob,
         draft.summary,
     )
-    records.append(OutRecord(Stream.SNAPSHOTS, snapshot_key(rollout_id, slot), codec.encode(snapshot), rollout_id))
+    # Without a summary (a file journal's, always) in the first version's form: a version before
+    # summaries, rolled back to, still restores from it.
+    value = codec.encode(snapshot) if snapshot.summary is not None else codec.encode_with(snapshot, _SNAPSHOT_V1)
+    records.append(OutRecord(Stream.SNAPSHOTS, snapshot_key(rollout_id, slot), value, rollout_id))
     return records, SnapshotSlots(slot, tuple(blobs))
 
 
