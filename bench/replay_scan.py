@@ -74,7 +74,7 @@ from rollout_journal.journal.codec import Codec  # noqa: E402
 from rollout_journal.journal.events import AttemptStarted, Header, Message  # noqa: E402
 from rollout_journal.journal.kafka.backend import KafkaBackend  # noqa: E402
 from rollout_journal.journal.kafka.config import KafkaSettings  # noqa: E402
-from rollout_journal.journal.summary import SummaryFold, summary_key  # noqa: E402
+from rollout_journal.journal.summary import COMPLETE_KEY, COMPLETE_VALUE, SummaryFold, summary_key  # noqa: E402
 from rollout_journal.replay import open_replay  # noqa: E402
 from rollout_journal.replay.partition_scan import jobs_for  # noqa: E402
 
@@ -107,14 +107,18 @@ def write_journal(location: str, rollouts: int, turns: int, prompt_delta: int, o
     rng = np.random.default_rng(0)
     events = size = 0
 
-    def produce(key: str, value: bytes, topic: str = settings.events_topic, rollout: str | None = None) -> None:
-        partition = partition_for(rollout or key, PARTITIONS)
+    def produce(key: str, value: bytes, topic: str = settings.events_topic, rollout: str | None = "") -> None:
+        """``rollout``: whose partition (by default the key's; None: partition 0)."""
+        partition = 0 if rollout is None else partition_for(rollout or key, PARTITIONS)
         while True:
             try:
                 producer.produce(topic, value, key.encode(), partition=partition)
                 return
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)
+
+    # what a writer opening the namespace writes while it holds no event: every rollout has a summary
+    produce(COMPLETE_KEY, COMPLETE_VALUE, settings.summaries_topic, rollout=None)
 
     def summarize(fold: SummaryFold) -> None:  # what a writer commits with each append
         rid = fold.progress.rollout_id

@@ -67,7 +67,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from rollout_journal.journal.backend import Backend, HeldBack, OutRecord, StoredRecord, Stream, partition_for
 from rollout_journal.journal.errors import (
@@ -213,8 +213,7 @@ class KafkaBackend(Backend):
         timeout_s = self.settings.operation_timeout_ms / 1000
         try:
             unrestricted = wait_until_authenticated(admin, self.settings, self._client_errors, timeout_s)
-            created: set[str] = set()
-            self.topics = prepare_topics(admin, self.settings, create=create, created=created)
+            self.topics = prepare_topics(admin, self.settings, create=create)
             # A cluster without an authorizer (or a super user) grants everything: nothing to check,
             # and no coordinator lookup that a failover could leave hanging in the admin client.
             if not unrestricted:
@@ -224,27 +223,39 @@ class KafkaBackend(Backend):
                 check_group_access(admin, self.settings, self.readers.group, "DESCRIBE", timeout_s)
                 if self.member is not None:  # a member joins the group that assigns partitions
                     check_group_access(admin, self.settings, self.settings.group_id, "READ", timeout_s)
+            self.keeps_summaries = self.summaries_topic in self.topics
+            if self.keeps_summaries and self.transactional and self._no_event_yet(admin, timeout_s):
+                self._mark_summaries_complete()
         finally:
             admin.poll(0)  # deliver queued client logs
         # The journal chunks anything larger than max_record_bytes; the producer keeps batches below the topics' limit.
         self._topic_max_bytes, self.max_record_bytes = record_limits(self.topics, self.settings)
         # A namespace of an older version, opened without creating topics, has none: registrations are on the snapshots.
         self.keeps_workloads = self.workloads_topic in self.topics
-        self.keeps_summaries = self.summaries_topic in self.topics
-        if {self.events_topic, self.summaries_topic} <= created:
-            self._mark_summaries_complete()
-        elif self.summaries_topic in created:
-            log.info(
-                "created topic %s for a namespace written before it: listings of %s fold every event",
-                self.summaries_topic,
-                self.settings.namespace,
-            )
+
+    def _no_event_yet(self, admin: AdminClient, timeout_s: float) -> bool:
+        """Whether the events topic has never held a record (every partition's end is 0), in one
+        request; transient errors (a leader not elected yet just after the topics were created) are
+        retried. Unsure: no."""
+        wanted = {TopicPartition(self.events_topic, p): OffsetSpec.latest() for p in range(self.partitions)}
+        retry = Retry(timeout_s, f"the end offsets of {self.events_topic}")
+        while True:
+            try:
+                ends = admin.list_offsets(wanted, request_timeout=max(1.0, retry.left_s()))
+                return all(future.result().offset == 0 for future in ends.values())
+            except KafkaException as exc:
+                err = kafka_error(exc)
+                if classify(err, Role.OFFSETS) is Action.RETRY and retry.wait(err):
+                    continue
+                log.info("could not learn whether %s is empty (%s): summaries not marked", self.events_topic, exc)
+                return False
 
     def _mark_summaries_complete(self) -> None:
-        """(The namespace's creator.) Every rollout will have a summary: say so on the summaries topic,
-        so that a listing reads summaries. Only the opener that created the events topic with it knows
-        that; a namespace without the mark (this write failed, or one written before summaries) is
-        listed by folding its events, slower but the same."""
+        """(A writer opening a namespace with no event yet.) Every rollout will have a summary: say so
+        on the summaries topic, so that a listing reads summaries. A writer of this version knows that
+        only while no event exists (whoever created the topics: a first open, an operator); a namespace
+        without the mark (this write failed, one written before summaries) is listed by folding its
+        events, slower but the same. Several openers may each write it: it is one key."""
         cfg = base_config(self.settings, self.settings.transactional_id or "creator", "summaries")
         cfg.update({"enable.idempotence": True, "acks": "all", "error_cb": on_client_error(self.settings)})
         cfg.update(self.settings.librdkafka)

@@ -134,17 +134,12 @@ def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
     }
 
 
-def prepare_topics(
-    admin: AdminClient, settings: KafkaSettings, *, create: bool, created: set[str] | None = None
-) -> dict[str, TopicState]:
-    """Create the topics if ``create`` (an existing one is fine; ``created`` gains those this call
-    created), then check each; their states."""
+def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool) -> dict[str, TopicState]:
+    """Create the topics if ``create`` (an existing one is fine), then check each; their states."""
     timeout_s = settings.operation_timeout_ms / 1000
     wanted = topic_configs(settings)
     if create:
-        made = _create(admin, settings, wanted, timeout_s)
-        if created is not None:
-            created.update(made)
+        _create(admin, settings, wanted, timeout_s)
     else:
         if not topic_listed(admin, settings.summaries_topic, timeout_s, unsure=True):
             # Written before summaries: its listings fold every event.
@@ -177,12 +172,8 @@ def record_limits(states: dict[str, TopicState], settings: KafkaSettings) -> tup
     return min(topic_limits, default=None), min([*topic_limits, client_limit]) - RECORD_FRAMING_BYTES
 
 
-def _create(
-    admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[str, str]], timeout_s: float
-) -> set[str]:
-    """Create the topics of ``wanted`` that do not exist; those this call created."""
+def _create(admin: AdminClient, settings: KafkaSettings, wanted: dict[str, dict[str, str]], timeout_s: float) -> None:
     s = settings
-    made: set[str] = set()
     replication = BROKER_DEFAULT if s.replication_factor is None else s.replication_factor
     asked = "the broker's default" if s.replication_factor is None else str(s.replication_factor)
     new = [
@@ -192,7 +183,6 @@ def _create(
     for topic, future in admin.create_topics(new, operation_timeout=timeout_s, request_timeout=timeout_s).items():
         try:
             future.result()
-            made.add(topic)
             log.info(
                 "created topic %s (%d partitions, replication factor %s)", topic, topic_partitions(s, topic), asked
             )
@@ -218,7 +208,6 @@ def _create(
                 f"cannot create topic {topic} ({topic_partitions(s, topic)} partitions, replication factor {asked}) "
                 f"on {s.bootstrap_servers}: {detail}"
             ) from exc
-    return made
 
 
 def topic_listed(admin: AdminClient, topic: str, timeout_s: float, *, unsure: bool) -> bool:

@@ -10,11 +10,15 @@ import uuid
 
 import numpy as np
 import pytest
+from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.common import turn_events
+from rollout_journal.journal.backend import partition_for
+from rollout_journal.journal.codec import Codec
 from rollout_journal.journal.events import AttemptStarted, Header, Message, RolloutEvent, RolloutFailed, RolloutSummary
 from rollout_journal.journal.journal import Journal
+from rollout_journal.journal.kafka.backend import KafkaBackend
 from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.open import open_journal
 from rollout_journal.journal.restore import load_rollouts
@@ -135,7 +139,7 @@ def test_a_restore_carries_the_summary_in_the_snapshot_so_the_next_writer_knows_
 
 def test_a_namespace_written_before_summaries_is_listed_from_its_events(kafka_bootstrap: str) -> None:
     """Its summaries topic, created by this version's first writer, misses the older rollouts:
-    no completeness mark, so a listing folds every event."""
+    events were there before it, so no completeness mark, and a listing folds every event."""
     settings = KafkaSettings(bootstrap_servers=kafka_bootstrap, namespace=f"old{uuid.uuid4().hex[:8]}", partitions=2)
     admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
     older = [settings.events_topic, settings.snapshots_topic, settings.results_topic, settings.acks_topic]
@@ -149,14 +153,35 @@ def test_a_namespace_written_before_summaries_is_listed_from_its_events(kafka_bo
         assert time.monotonic() < deadline, "created topics never appeared in the metadata"
         time.sleep(0.05)
     location = f"kafka://{kafka_bootstrap}/{settings.namespace}?partitions=2"
-    rid = "old-g0-s0"
+    old, rid = "older-g0-s0", "old-g0-s0"
+    producer = Producer({"bootstrap.servers": kafka_bootstrap})  # what an older version's writer left
+    for event in [start(old), *turn(old, 0, 1)]:
+        producer.produce(settings.events_topic, Codec().encode(event), old.encode(), partition_for(old, 2))
+    assert producer.flush(30) == 0
     with open_journal(location, writer="w0") as journal:
         assert isinstance(journal, Journal) and journal.backend.keeps_summaries  # created now, without the mark
         journal.append_sync([start(rid), *turn(rid, 0, 1)])
         assert not load_summaries(journal.codec, journal.backend.read_summaries()).complete
     summarized, scanned = listings(location)
     assert summarized.read == "events"
-    assert rows(summarized) == rows(scanned) and rid in rows(summarized)
+    assert rows(summarized) == rows(scanned) and {old, rid} <= rows(summarized).keys()
+
+
+def test_a_namespace_whose_topics_an_operator_created_is_marked_by_its_first_writer(kafka_bootstrap: str) -> None:
+    """Topics created ahead (an operator's, or a first open refused for want of a right): the first
+    writer to open it while it holds no event marks its summaries complete."""
+    namespace = f"op{uuid.uuid4().hex[:8]}"
+    location = f"kafka://{kafka_bootstrap}/{namespace}?partitions=2"
+    settings = KafkaSettings.from_url(location)
+    KafkaBackend(settings, transactional=False).close()  # creates the topics; a reader marks nothing
+    with open_replay(location) as source:
+        assert not load_summaries(source.journal.codec, source.journal.backend.read_summaries()).complete
+    with open_journal(location, writer="w0") as journal:
+        journal.append_sync([start("op-g0-s0"), *turn("op-g0-s0", 0, 1)])
+    with open_journal(location, writer="w1") as later:  # events exist now: it leaves the mark as it is
+        assert load_summaries(later.codec, later.backend.read_summaries()).records == 1 + 1  # no second mark
+    summarized, scanned = listings(location)
+    assert summarized.read == "summaries" and rows(summarized) == rows(scanned)
 
 
 def test_one_rollout_is_read_from_where_its_summary_says_its_events_begin(location: str) -> None:
