@@ -237,7 +237,8 @@ class KafkaBackend(Backend):
         """Whether the events topic has never held a record (every partition's end is 0), in one
         request; transient errors (a leader not elected yet just after the topics were created) are
         retried. Unsure: no."""
-        wanted = {TopicPartition(self.events_topic, p): OffsetSpec.latest() for p in range(self.partitions)}
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        wanted = {TopicPartition(self.events_topic, p): latest for p in range(self.partitions)}
         retry = Retry(timeout_s, f"the end offsets of {self.events_topic}")
         while True:
             try:
