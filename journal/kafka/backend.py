@@ -152,6 +152,7 @@ class KafkaBackend(Backend):
         self._consumed: dict[int, int] = {}  # acks applied and durable: offsets the next transaction commits
         self._ack_producer: Producer | None = None  # the trainer's: acknowledgements, never an owner's partitions
         self._ack_lock = threading.Lock()
+        self._summaries_unmarked = False  # a writer opened it with no event yet: it marks its summaries complete
         if transactional and member is None and settings.transactional_id is None:
             raise ConfigurationError(
                 "KafkaSettings.transactional_id is required to commit (the worker's slot name, e.g. "
@@ -172,6 +173,8 @@ class KafkaBackend(Backend):
             else:
                 self.writer = self._new_writer(settings.producer_transactional_id if transactional else None)
             self.writer.open()
+            if self._summaries_unmarked:  # once every right was granted: a refused open writes nothing
+                self._mark_summaries_complete()
         except BaseException:
             self.close()
             raise
@@ -224,8 +227,9 @@ class KafkaBackend(Backend):
                 if self.member is not None:  # a member joins the group that assigns partitions
                     check_group_access(admin, self.settings, self.settings.group_id, "READ", timeout_s)
             self.keeps_summaries = self.summaries_topic in self.topics
-            if self.keeps_summaries and self.transactional and self._no_event_yet(admin, timeout_s):
-                self._mark_summaries_complete()
+            self._summaries_unmarked = (
+                self.keeps_summaries and self.transactional and self._no_event_yet(admin, timeout_s)
+            )
         finally:
             admin.poll(0)  # deliver queued client logs
         # The journal chunks anything larger than max_record_bytes; the producer keeps batches below the topics' limit.
