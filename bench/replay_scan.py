@@ -9,7 +9,9 @@ Two journals are written to fresh namespaces of one broker: ``--events`` events 
 is a model call (``--prompt-delta`` prompt-delta tokens, ``--output`` sampled tokens
 and their logprobs), a resource mutation and a ``TurnCompleted``, as in
 ``bench/journal_throughput.py``; each rollout starts with an ``AttemptStarted``.
-The records are encoded once and produced with a plain idempotent producer.
+The records are encoded once and produced with a plain idempotent producer, with what a
+writer commits beside each append (the rollout's start, each turn): the rollout's summary on
+``<namespace>.summaries`` (``journal/summary.py``).
 
 Speed, on the larger journal, ``--rounds`` rounds of two back-to-back scans:
 
@@ -17,8 +19,8 @@ Speed, on the larger journal, ``--rounds`` rounds of two back-to-back scans:
   (read_committed, same fetch settings), assigned every partition, draining it
   in batches (``consume``) and touching each value: what the broker and the
   client deliver;
-- ``replay list``: ``replay.list_rollouts`` over the same topic, what the command
-  does: read every record through the journal's Kafka backend, decode it (projected:
+- ``replay list --scan``: ``replay.list_rollouts(scan=True)`` over the same topic, what the command
+  does with ``--scan`` (and did before summaries): read every record through the journal's Kafka backend, decode it (projected:
   the header and the few fields ``RolloutProgress`` reads, ``RolloutProgress.READS``;
   every other field stepped over, see ``journal/projection.py``), fence it, apply it
   to its rollout's ``RolloutProgress``; with the scan workers the command starts on a
@@ -26,8 +28,15 @@ Speed, on the larger journal, ``--rounds`` rounds of two back-to-back scans:
   folding whole partitions), started and ended inside the timing. The same scan in one
   process is timed too (``serial_ratio``).
 
-``ratio`` is the median of the per-round ratios (list events/s over raw events/s, wall
-clock: the issue's figure). Each round also times the journal's own Kafka backend
+- ``replay list``: what the command does by default: read the summaries topic (one record per
+  append until the cleaner compacts it, then about one per rollout) and take each rollout's
+  newest. ``summaries_fresh_ratio``: right after writing; ``summaries_ratio`` (issue 20's
+  ``list_speedup_vs_raw_scan``): once the topic compacted, as it does while writers run (its
+  active segment rolls after ``segment.ms``, a minute, at the next append: here each partition's
+  newest summary written again), timed in ``--rounds`` more rounds beside a raw scan each.
+
+``ratio`` is the median of the per-round ratios (list --scan events/s over raw events/s, wall
+clock: issue 8's figure). Each round also times the journal's own Kafka backend
 reading the same records undecoded (``backend_ratio``): the transport share of the
 gap, the rest being decoding, fencing and the fold (``us_per_event``). Each scan's
 process CPU time (librdkafka's threads and scan workers included) is reported too (``cpu_ratio``,
@@ -65,14 +74,17 @@ from rollout_journal.journal.codec import Codec  # noqa: E402
 from rollout_journal.journal.events import AttemptStarted, Header, Message  # noqa: E402
 from rollout_journal.journal.kafka.backend import KafkaBackend  # noqa: E402
 from rollout_journal.journal.kafka.config import KafkaSettings  # noqa: E402
+from rollout_journal.journal.summary import COMPLETE_KEY, COMPLETE_VALUE, SummaryFold, summary_key  # noqa: E402
 from rollout_journal.replay import open_replay  # noqa: E402
 from rollout_journal.replay.partition_scan import jobs_for  # noqa: E402
 
 PARTITIONS = 8
 
 
-def url(bootstrap: str, namespace: str) -> str:
-    return f"kafka://{bootstrap}/{namespace}?partitions={PARTITIONS}"
+def url(bootstrap: str, namespace: str, segment_ms: int | None = None) -> str:
+    """A namespace's URL; ``segment_ms``: its compacted topics' ``segment.ms`` (default: a minute)."""
+    rolled = "" if segment_ms is None else f"&snapshot_segment_ms={segment_ms}"
+    return f"kafka://{bootstrap}/{namespace}?partitions={PARTITIONS}{rolled}"
 
 
 def write_journal(location: str, rollouts: int, turns: int, prompt_delta: int, output: int) -> tuple[int, int]:
@@ -95,13 +107,22 @@ def write_journal(location: str, rollouts: int, turns: int, prompt_delta: int, o
     rng = np.random.default_rng(0)
     events = size = 0
 
-    def produce(key: str, value: bytes) -> None:
+    def produce(key: str, value: bytes, topic: str = settings.events_topic, rollout: str | None = "") -> None:
+        """``rollout``: whose partition (by default the key's; None: partition 0)."""
+        partition = 0 if rollout is None else partition_for(rollout or key, PARTITIONS)
         while True:
             try:
-                producer.produce(settings.events_topic, value, key.encode(), partition=partition_for(key, PARTITIONS))
+                producer.produce(topic, value, key.encode(), partition=partition)
                 return
             except BufferError:  # the local queue is full: let it drain
                 producer.poll(0.05)
+
+    # what a writer opening the namespace writes while it holds no event: every rollout has a summary
+    produce(COMPLETE_KEY, COMPLETE_VALUE, settings.summaries_topic, rollout=None)
+
+    def summarize(fold: SummaryFold) -> None:  # what a writer commits with each append
+        rid = fold.progress.rollout_id
+        produce(summary_key(rid, fold.progress.epoch), codec.encode(fold.record()), settings.summaries_topic, rid)
 
     for r in range(rollouts):
         rid = f"bench-g{r // 4}-s{r % 4}"
@@ -112,18 +133,55 @@ def write_journal(location: str, rollouts: int, turns: int, prompt_delta: int, o
             "new rollout",
             [Message("system", "bench"), Message("user", "task")],
         )
-        records = [start]
-        for t in range(turns):
-            records += turn_events(rid, t, 1 + 3 * t, rng, prompt_delta=prompt_delta, output=output)
-        for record in records:
-            value = codec.encode(record)
-            produce(rid, value)
-            events += 1
-            size += len(value)
+        fold = SummaryFold.empty(rid, start.header.group_id)
+        appends = [[start]] + [
+            turn_events(rid, t, 1 + 3 * t, rng, prompt_delta=prompt_delta, output=output) for t in range(turns)
+        ]
+        for append in appends:  # an append: the rollout's start, or one turn
+            for record in append:
+                value = codec.encode(record)
+                produce(rid, value)
+                fold.apply(record)
+                events += 1
+                size += len(value)
+            summarize(fold)
         producer.poll(0)
     if producer.flush(120):
         raise RuntimeError(f"{location}: records still undelivered after 120 s")
     return events, size
+
+
+def summary_records(location: str) -> int:
+    """How many records the summaries topic holds now (compaction lowers it)."""
+    with open_replay(location) as source:
+        return sum(1 for _ in source.journal.backend.read_summaries())
+
+
+def compact_summaries(location: str, rollouts: int, deadline_s: float = 300.0) -> tuple[int, float]:
+    """Let the summaries topic compact as a namespace's does while its writers run: past
+    ``segment.ms`` (the namespace's ``snapshot_segment_ms``) an append rolls the active segment,
+    then the cleaner keeps the newest summary per key. Here the append is each partition's newest
+    summary written again (what its writer's next commit would do). Returns (records left, seconds
+    waited); stops at ``deadline_s`` (the figures say how many records a listing read)."""
+    from confluent_kafka import Producer
+
+    settings = KafkaSettings.from_url(location)
+    started = time.perf_counter()
+    time.sleep(settings.snapshot_segment_ms / 1000 + 1)
+    newest: dict[int, tuple[bytes, bytes]] = {}
+    with open_replay(location) as source:
+        for record in source.journal.backend.read_summaries():
+            if record.value is not None:
+                newest[record.location.partition] = (record.key.encode(), record.value)
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True, "acks": "all"})
+    for partition, (key, value) in newest.items():
+        producer.produce(settings.summaries_topic, value, key, partition=partition)
+    producer.flush(60)
+    left = summary_records(location)
+    while left > 2 * rollouts + PARTITIONS and time.perf_counter() - started < deadline_s:
+        time.sleep(2)
+        left = summary_records(location)
+    return left, time.perf_counter() - started
 
 
 def raw_scan(location: str) -> tuple[int, float, float]:
@@ -167,17 +225,20 @@ def cpu_seconds() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-def list_scan(location: str, jobs: int | None = None) -> tuple[int, float, float]:
-    """(events, seconds, CPU seconds of every process) of ``replay list`` over the journal,
-    with ``jobs`` scan workers (None: what the command chooses)."""
+def list_scan(location: str, jobs: int | None = None, *, scan: bool = True) -> tuple[int, float, float]:
+    """(events, seconds, CPU seconds of every process) of ``replay list --scan`` over the journal,
+    with ``jobs`` scan workers (None: what the command chooses); ``scan=False``: ``replay list``
+    itself, which reads the rollouts' summaries."""
     from rollout_journal.replay import list_rollouts
 
     started, cpu = time.perf_counter(), cpu_seconds()
     with open_replay(location) as source:
-        listing = list_rollouts(source, jobs=jobs)
+        listing = list_rollouts(source, jobs=jobs, scan=scan)
     seconds, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     if listing.report.errors or any(r.damaged for r in listing.rows):
         raise RuntimeError(f"{location}: the scan found problems: {listing.report.errors[:3]}")
+    if listing.read != ("events" if scan else "summaries"):
+        raise RuntimeError(f"{location}: replay list read the {listing.read}")
     return listing.events, seconds, cpu
 
 
@@ -214,7 +275,8 @@ def delete_topics(bootstrap: str, namespaces: list[str]) -> None:
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    topics = [f"{ns}.{stream}" for ns in namespaces for stream in ("events", "snapshots")]
+    streams = ("events", "snapshots", "results", "acks", "workloads", "summaries")
+    topics = [f"{ns}.{stream}" for ns in namespaces for stream in streams]
     for future in admin.delete_topics(topics, operation_timeout=60).values():
         try:
             future.result()
@@ -236,11 +298,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
     }
     try:
         for size, turns in (("small", turns_small), ("large", turns_large)):
-            location = url(bootstrap, namespaces[size])
+            location = url(bootstrap, namespaces[size], args.segment_ms)
             say(f"writing the {size} journal: {args.rollouts} rollouts x {turns} turns")
             events, size_bytes = write_journal(location, args.rollouts, turns, args.prompt_delta, args.output)
             report["journals"][size] = {"events": events, "turns_per_rollout": turns, "value_mb": size_bytes / 2**20}
-        large = url(bootstrap, namespaces["large"])
+        large = url(bootstrap, namespaces["large"], args.segment_ms)
         with open_replay(large) as source:
             report["scan_jobs"] = jobs_for(source, None, source.end_offsets())
         rounds: list[dict[str, float]] = []
@@ -251,10 +313,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             backend_records, backend_s, backend_cpu = backend_scan(large)
             listed, list_s, list_cpu = list_scan(large)
             serial, serial_s, serial_cpu = list_scan(large, jobs=1)
-            if not raw_records == backend_records == listed == serial:
+            summarized, summaries_s, _ = list_scan(large, scan=False)
+            if not raw_records == backend_records == listed == serial == summarized:
                 raise RuntimeError(
                     f"the raw scan read {raw_records} records, the backend {backend_records}, "
-                    f"replay list {listed} events ({serial} in one process)"
+                    f"replay list --scan {listed} events ({serial} in one process), replay list {summarized}"
                 )
             rounds.append(
                 {
@@ -266,6 +329,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
                     "serial_ratio": raw_s / serial_s,
                     "backend_ratio": raw_s / backend_s,
                     "cpu_ratio": raw_cpu / list_cpu,
+                    "summaries_fresh_ratio": raw_s / summaries_s,
                 }
             )
             cpu_rounds.append(
@@ -286,10 +350,24 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict:
             "journal_backend_read": 1e6 / report["backend_events_per_s"],
             "replay_list": 1e6 / report["list_events_per_s"],
         }
+        report["summary_records_fresh"] = summary_records(large)
+        say("letting the summaries topic compact (segment.ms, then the cleaner)")
+        left, waited = compact_summaries(large, args.rollouts)
+        report["summary_records_compacted"], report["compaction_wait_s"] = left, waited
+        compacted_rounds = []
+        for i in range(args.rounds):
+            say(f"round {i + 1}/{args.rounds}, compacted: raw consumer scan, replay list")
+            raw_records, raw_s, _ = raw_scan(large)
+            summarized, summaries_s, _ = list_scan(large, scan=False)
+            if raw_records != summarized:
+                raise RuntimeError(f"the raw scan read {raw_records} records, replay list {summarized} events")
+            compacted_rounds.append(raw_s / summaries_s)
+        report["summaries_rounds"] = compacted_rounds
+        report["summaries_ratio"] = statistics.median(compacted_rounds)
         memory = {}
         for size in ("small", "large"):
             say(f"memory of replay list over the {size} journal (two child processes)")
-            location = url(bootstrap, namespaces[size])
+            location = url(bootstrap, namespaces[size], args.segment_ms)
             memory[size] = memory_child(location, traced=False) | {
                 "traced_peak_mb": memory_child(location, traced=True)["traced_peak_mb"]
             }
@@ -317,6 +395,12 @@ def main() -> int:
     parser.add_argument("--prompt-delta", type=int, default=1024, help="prompt-delta tokens per model call")
     parser.add_argument("--output", type=int, default=256, help="sampled tokens (and logprobs) per model call")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--segment-ms",
+        type=int,
+        help="segment.ms of the namespaces' compacted topics (default: the namespace default, a minute): "
+        "how long the summaries wait to compact",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the bench topics")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -340,6 +424,12 @@ def main() -> int:
             f"{report['serial_ratio']:.2f} in one process); the backend's undecoded read alone "
             f"{report['backend_events_per_s']:,.0f}/s ({report['backend_ratio']:.2f}); CPU time ratio "
             f"{report['cpu_ratio']:.2f} ({report['cpu_us_per_event']['replay_list']:.1f} us an event)"
+        )
+        print(
+            f"replay list from the summaries: {report['summaries_ratio']:.1f}x the raw consumer's speed once compacted "
+            f"({report['summary_records_compacted']:,} summary records; rounds: "
+            f"{', '.join(f'{r:.1f}' for r in report['summaries_rounds'])}), "
+            f"{report['summaries_fresh_ratio']:.1f}x right after writing ({report['summary_records_fresh']:,} records)"
         )
         g = report["memory_growth"]
         print(

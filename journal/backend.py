@@ -34,13 +34,16 @@ class Stream(enum.Enum):
     # compacted, one partition: every workload registration, key = workload name (a backend that
     # ``keeps_workloads``; elsewhere registrations live on the snapshot stream only)
     WORKLOADS = "workloads"
+    # compacted: each rollout's RolloutSummary, key = <rollout>/e<epoch>, committed with the events it
+    # folds (a backend that ``keeps_summaries``; see ``journal.summary``)
+    SUMMARIES = "summaries"
 
 
 @dataclass(frozen=True, slots=True)
 class OutRecord:
     stream: Stream
     key: str
-    value: bytes | None  # None: a tombstone (snapshots stream only)
+    value: bytes | None  # None: a tombstone (the compacted snapshots and summaries streams only)
     partition_key: str  # records sharing it share a partition (the rollout id)
     continuation: bool = False  # a later piece of a chunked event: the append's receipt names its first piece
 
@@ -143,6 +146,9 @@ class Backend(ABC):
     # after it began, before the storage aborts it (Kafka: the namespace's transaction timeout; the
     # broker's abort scan comes on top). 0: no read ends short of a commit (a file journal).
     transaction_hold_s: float = 0.0
+    # Keeps a summary of each rollout (``Stream.SUMMARIES``), written with its events, which a listing
+    # reads instead of every event (Kafka's ``<namespace>.summaries``).
+    keeps_summaries: bool = False
 
     @abstractmethod
     def commit(self, records: Sequence[OutRecord]) -> list[RecordLocation]:
@@ -192,6 +198,13 @@ class Backend(ABC):
     def read_workloads(self) -> Iterator[StoredRecord]:
         """Every retained record of the workloads stream, in log order (a backend that ``keeps_workloads``)."""
         raise ConfigurationError(f"a {self.kind} journal keeps its workload registrations on the snapshot stream")
+
+    def read_summaries(
+        self, partitions: Collection[int] | None = None, held: list[HeldBack] | None = None
+    ) -> Iterator[StoredRecord]:
+        """Every retained record of the summaries stream (of ``partitions`` only, if given), in log
+        order per partition (a backend that ``keeps_summaries``); ``held`` as for :meth:`read_events`."""
+        raise ConfigurationError(f"a {self.kind} journal keeps no summaries; a listing folds its events")
 
     def read_results(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
         """Committed results records of one partition from ``from_offset`` to the current end (a

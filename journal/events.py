@@ -314,6 +314,7 @@ class Snapshot:
     state: bytes
     state_sha256: str
     blob: BlobRef | None = None
+    summary: bytes | None = None  # the rollout's RolloutSummary through covers_seq, encoded (None: not known)
 
 
 @dataclass(frozen=True)
@@ -395,6 +396,43 @@ class FenceHistory:
     rollout_id: str
     attempts: list[FenceEntry]
     acknowledged_epoch: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutSummary:
+    """Where one rollout stands as its events fold (not a rollout event: the value of the compacted
+    key ``<rollout>/e<epoch>`` on the summaries stream), written with the events it folds. Built and
+    read by :mod:`rollout_journal.journal.summary`."""
+
+    RECORD: ClassVar[str] = "RolloutSummary"
+    rollout_id: str
+    group_id: str
+    epoch: int
+    complete: bool  # False: its writer did not know the rollout's whole history; fold its events instead
+    attempt: int
+    next_turn: int
+    next_seq: int
+    finished: bool
+    reward: float | None
+    acknowledged: bool
+    given_up: bool
+    restarts: int
+    model_calls: int
+    output_tokens: int
+    mutation_count: int
+    policy_versions: list[str]
+    topology: str
+    failure: str | None
+    failures: int
+    progress_tokens: int
+    calls_this_turn: int
+    crashes: int
+    newest_attempt_ran: bool
+    newest_attempt_ended: bool
+    newest_attempt_forked: bool
+    events: int
+    first_offset: int  # its first event's offset on its events partition (-1: not known when written)
+    ts_ms: int
 
 
 @dataclass(frozen=True)
@@ -556,7 +594,9 @@ RolloutEvent = Union[
     RolloutAcknowledged,
     HeadCheckpoint,
 ]
-Record = Union[RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory, TrainingRecord]
+Record = Union[
+    RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory, TrainingRecord, RolloutSummary
+]
 
 ROLLOUT_EVENT_TYPES: tuple[type, ...] = get_args(RolloutEvent)
 """What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
@@ -580,6 +620,7 @@ EVENT_TYPES: tuple[type[Record], ...] = (
     HeadCheckpoint,
     FenceHistory,
     TrainingRecord,
+    RolloutSummary,
 )
 NESTED_TYPES: dict[str, type] = {
     "header": Header,

@@ -3,6 +3,7 @@ the same over every backend."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
@@ -57,6 +58,7 @@ from rollout_journal.journal.snapshots import (
     tombstone_records,
     workload_key,
 )
+from rollout_journal.journal.summary import SummaryFold, SummaryWriter, load_summaries
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +179,9 @@ class Journal:
         self._acknowledging: dict[str, int] = {}  # rollout -> its newest acknowledgement not yet settled
         self._ack_serial = 0
         self._workloads_stream_checked = False  # register_workload looked for registrations to copy there
+        # Each rollout's summary, folded from what this writer appends (a backend that keeps summaries)
+        # (a summary goes whole into its own record and into a snapshot's, beside an inline state)
+        self._summaries = SummaryWriter(self.codec, self.inline_snapshot_limit) if backend.keeps_summaries else None
         self._committer = GroupCommitter(
             backend,
             linger_ms=linger_ms,
@@ -233,6 +238,11 @@ class Journal:
                     attempts = self._attempts.setdefault(h.rollout_id, [])
                     attempts.append(FenceEntry.of(h))
                     encoded.append(fence_record(self.codec, FenceHistory(h.rollout_id, list(attempts))))
+            if self._summaries is not None:
+                encoded.extend(self._summary_records(events))
+                if snapshot is not None:
+                    summary = self._summaries.encoded(snapshot.header.rollout_id, snapshot.covers_seq)
+                    snapshot = dataclasses.replace(snapshot, summary=summary)
         if result is not None:  # the same commit as the final turn: a trainer sees both or neither
             rollout_id = result.rollout_id
             pieces = split_event(
@@ -243,11 +253,64 @@ class Journal:
                 for i, piece in enumerate(pieces)
             )
         if snapshot is None:
-            return self._committer.submit(lambda: encoded, check=owned)
-        partition = self.partition_of(snapshot.header.rollout_id)
+            return self._summarized(events, self._committer.submit(lambda: encoded, check=owned))
+        draft = snapshot
+        partition = self.partition_of(draft.header.rollout_id)
         if partition not in self._committed_end:  # asked here, not in the committer: it may fail or block
             self._committed_end.setdefault(partition, self.backend.end_offset(partition))
-        return self._committer.submit(lambda: encoded + self._snapshot_records(snapshot), check=owned)
+        return self._summarized(
+            events, self._committer.submit(lambda: encoded + self._snapshot_records(draft), check=owned)
+        )
+
+    def _summary_records(self, events: Sequence[RolloutEvent]) -> list[OutRecord]:
+        """(Under the fence lock.) Each rollout's summary after ``events``, with tombstones of the
+        keys of the attempts a new one supersedes (see :mod:`rollout_journal.journal.summary`)."""
+        assert self._summaries is not None
+        by_rollout: dict[str, list[RolloutEvent]] = {}
+        for event in events:
+            by_rollout.setdefault(event.header.rollout_id, []).append(event)
+        records: list[OutRecord] = []
+        for rollout_id, its in by_rollout.items():
+            superseding = any(isinstance(e, AttemptStarted) for e in its)
+            earlier = [entry.epoch for entry in self._attempts.get(rollout_id, [])] if superseding else []
+            records += self._summaries.records(its, earlier)
+        return records
+
+    def _summarized(self, events: Sequence[RolloutEvent], future: Future[AppendReceipt]) -> Future[AppendReceipt]:
+        """An append that fails leaves its rollouts' folds ahead of the journal: forget them (their
+        next summaries are incomplete until a restore learns them again)."""
+        summaries = self._summaries
+        if summaries is None or not events:
+            return future
+        rollout_ids = {e.header.rollout_id for e in events}
+
+        def settled(done: Future[AppendReceipt]) -> None:
+            if done.cancelled():
+                return
+            if done.exception() is not None:
+                with self._fence_lock:
+                    for rollout_id in rollout_ids:
+                        summaries.forget(rollout_id)
+
+        # Future's own method: the committer's would make the batch due and skip its linger.
+        Future.add_done_callback(future, settled)
+        return future
+
+    def first_offset(self, rollout_id: str) -> int:
+        """Where the rollout's events begin on its partition, as its newest summary says (0 where
+        no summary tells: a backend without summaries, or a summary written before it was known)."""
+        if not self.backend.keeps_summaries:
+            return 0
+        index = load_summaries(self.codec, self.backend.read_summaries([self.partition_of(rollout_id)]))
+        summary = index.summaries.get(rollout_id)
+        return summary.first_offset if summary is not None and summary.complete and summary.first_offset > 0 else 0
+
+    def note_summary(self, rollout_id: str, fold: SummaryFold | None) -> None:
+        """Tell the writer a restored rollout's summary (:func:`~rollout_journal.journal.summary.summary_of`;
+        None: its history is not known), so the summaries it writes next are whole."""
+        if self._summaries is not None:
+            with self._fence_lock:
+                self._summaries.note(rollout_id, fold)
 
     def _owned_under(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None) -> Callable[[], None]:
         """The check an append's batch runs in the committer before every attempt: its partition is
@@ -302,11 +365,18 @@ class Journal:
             self._acknowledged.add(rollout_id)
             known = self._attempts.get(rollout_id, []) if attempts is None else attempts
             marker = FenceHistory(rollout_id, list(known), header.epoch)
+            summary = self._summary_records([event]) if self._summaries is not None else []
         fence = fence_record(self.codec, marker)
         future = self._committer.submit(
-            lambda: [encoded, *tombstone_records(rollout_id, self._slots.get(rollout_id), keep_fence=True), fence],
+            lambda: [
+                encoded,
+                *tombstone_records(rollout_id, self._slots.get(rollout_id), keep_fence=True),
+                fence,
+                *summary,
+            ],
             check=check,
         )
+        self._summarized([event], future)
         with self._fence_lock:
             self._ack_serial += 1
             serial = self._acknowledging[rollout_id] = self._ack_serial
@@ -328,6 +398,9 @@ class Journal:
                 self._acknowledged.discard(rollout_id)
         if not failed:
             self._slots.pop(rollout_id, None)
+            if self._summaries is not None:  # nothing follows an acknowledgement: a long-lived writer keeps no fold
+                with self._fence_lock:
+                    self._summaries.drop([rollout_id])
 
     def request_acknowledgement(
         self, event: RolloutAcknowledged, attempts: Sequence[FenceEntry] | None = None
@@ -490,6 +563,9 @@ class Journal:
         return records
 
     def _note_committed(self, records: Sequence[OutRecord], locations: list[RecordLocation]) -> None:
+        if self._summaries is not None:  # before the appends' futures resolve: their next summaries know
+            with self._fence_lock:
+                self._summaries.located(records, locations)
         for record, location in zip(records, locations):
             if record.stream is Stream.EVENTS:
                 after = self.backend.offset_after(location)
@@ -527,6 +603,8 @@ class Journal:
                 self._fence.forget(rollout_id)
             self._acknowledged = {r for r in self._acknowledged if self.partition_of(r) != partition}
             self._acknowledging = {r: n for r, n in self._acknowledging.items() if self.partition_of(r) != partition}
+            if self._summaries is not None:
+                self._summaries.drop(r for r in self._summaries.known() if self.partition_of(r) == partition)
         for rollout_id in [r for r in self._slots if self.partition_of(r) == partition]:
             self._slots.pop(rollout_id, None)
 

@@ -48,6 +48,7 @@ from rollout_journal.journal.events import (
     Snapshot,
     WorkloadRegistered,
 )
+from rollout_journal.schemas import released_versions
 
 RUNNING = "running"  # a snapshot status: events may follow it; any other status is final
 BLOB_MARK = "/blob/"
@@ -55,6 +56,7 @@ FENCE_SUFFIX = "/fence"
 WORKLOAD_SUFFIX = "/workload"
 LEGACY_WORKLOAD_PREFIX = "workload:"  # 0.1.0 kept a workload's registration as a pseudo-rollout snapshot
 SLOT_ONE_SUFFIX = "/snapshot/1"
+_SNAPSHOT_V1 = released_versions()["Snapshot"][0]
 SLOTS = 2
 
 
@@ -95,6 +97,7 @@ class SnapshotDraft:
     status: str  # RUNNING, or final: "finished" (or the runner's "registered" marker), no events follow
     covers_seq: int
     state: bytes
+    summary: bytes | None = None  # the rollout's RolloutSummary through covers_seq (the journal adds it)
 
 
 @dataclass(frozen=True)
@@ -168,7 +171,8 @@ def snapshot_records(
     records: list[OutRecord] = []
     blob: BlobRef | None = None
     inline = draft.state
-    if len(draft.state) > inline_limit:
+    # The summary shares the snapshot's record with an inline state: both must fit a record.
+    if len(draft.state) + len(draft.summary or b"") > inline_limit:
         count = -(-len(draft.state) // inline_limit)
         blob = BlobRef(digest, len(draft.state), count)
         inline = b""
@@ -183,9 +187,20 @@ def snapshot_records(
     if overwritten is not None and overwritten.sha256 not in {b.sha256 for b in blobs if b is not None}:
         records.extend(blob_tombstones(rollout_id, overwritten))
     snapshot = Snapshot(
-        draft.header, draft.status, draft.covers_seq, replay_partition, replay_offset, inline, digest, blob
+        draft.header,
+        draft.status,
+        draft.covers_seq,
+        replay_partition,
+        replay_offset,
+        inline,
+        digest,
+        blob,
+        draft.summary,
     )
-    records.append(OutRecord(Stream.SNAPSHOTS, snapshot_key(rollout_id, slot), codec.encode(snapshot), rollout_id))
+    # Without a summary (a file journal's, always) in the first version's form: a version before
+    # summaries, rolled back to, still restores from it.
+    value = codec.encode(snapshot) if snapshot.summary is not None else codec.encode_with(snapshot, _SNAPSHOT_V1)
+    records.append(OutRecord(Stream.SNAPSHOTS, snapshot_key(rollout_id, slot), value, rollout_id))
     return records, SnapshotSlots(slot, tuple(blobs))
 
 

@@ -25,6 +25,7 @@ from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import ClusterUnreachableError, PartitionFencedError, UnstableReadError
 from rollout_journal.journal.journal import AppendReceipt, Journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
+from rollout_journal.journal.summary import summary_of
 
 __all__ = ["AckPositions", "apply_waiting_acks", "read_taken", "serve_acknowledgements", "take_and_restore"]
 
@@ -114,6 +115,9 @@ def apply_waiting_acks(journal: Journal, partition: int, plan: RestorePlan) -> N
     records, end = read_acks(partition)
     pending = []
     for stored in records:
+        history = plan.rollouts.get(stored.key)
+        if history is not None:  # no restore follows an acknowledged rollout: its summary goes on whole
+            journal.note_summary(stored.key, summary_of(journal.codec, history))
         applied = journal.apply_acknowledgement(stored)
         if applied is None:
             continue

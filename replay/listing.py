@@ -7,19 +7,24 @@ N+1 would see. Memory: one bounded row per rollout, whatever the history.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+from rollout_journal.journal.backend import HeldBack
 from rollout_journal.journal.journal import JournaledEvent, ReadReport
-from rollout_journal.participants.rollout.state import RolloutProgress, StateFoldError
+from rollout_journal.journal.progress import CrashCount, RolloutProgress, StateFoldError
+from rollout_journal.journal.summary import SummaryFold, load_summaries
 from rollout_journal.participants.workload.specs import forks_in
 from rollout_journal.replay.partition_scan import PartitionScan, jobs_for
 from rollout_journal.replay.progress import Progress
-from rollout_journal.replay.rollout_status import STATUSES, CrashCount, rollout_status
+from rollout_journal.replay.rollout_status import STATUSES, rollout_status
 from rollout_journal.replay.source import ReplaySource
 from rollout_journal.replay.table import table
+
+log = logging.getLogger(__name__)
 
 __all__ = ["STATUSES", "Listing", "RolloutFilter", "RolloutRow", "list_rollouts"]
 
@@ -28,11 +33,22 @@ __all__ = ["STATUSES", "Listing", "RolloutFilter", "RolloutRow", "list_rollouts"
 class RolloutRow:
     """One rollout as the journal holds it."""
 
-    progress: RolloutProgress
+    fold: SummaryFold  # its events folded (by this scan, or by its writer: its summary)
     damaged: str | None = None  # why its events do not apply in order
     forked_from: str | None = None  # "<rollout>@<turn>" for a fork
-    crash_count: CrashCount = field(default_factory=CrashCount)
-    events: int = 0  # its events the scan read
+
+    @property
+    def progress(self) -> RolloutProgress:
+        return self.fold.progress
+
+    @property
+    def crash_count(self) -> CrashCount:
+        return self.fold.crashes
+
+    @property
+    def events(self) -> int:
+        """Its events the journal holds."""
+        return self.fold.events
 
     @property
     def rollout_id(self) -> str:
@@ -103,6 +119,7 @@ class Listing:
     scanned: int = 0  # rollouts in the journal, before filtering
     events: int = 0
     report: ReadReport = field(default_factory=ReadReport)
+    read: str = "events"  # what the rows were folded from: "events", or "summaries" (their writers')
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -111,6 +128,7 @@ class Listing:
             "shown": len(self.rows),
             "rollouts_in_journal": self.scanned,
             "events": self.events,
+            "read": self.read,
         }
 
     def text(self) -> Iterator[str]:
@@ -143,9 +161,18 @@ def list_rollouts(
     *,
     projected: bool = True,
     jobs: int | None = 1,
+    scan: bool = False,
 ) -> Listing:
-    """Scan the whole journal (leniently: unreadable records go to ``Listing.report``) and
-    return a row per rollout that passes ``where``, in order of first appearance.
+    """A row per rollout of the journal that passes ``where``.
+
+    Where the journal keeps a summary of every rollout (a Kafka namespace created by this version:
+    ``rollout_journal.journal.summary``), the rows are those summaries, which their writers committed
+    with the events they fold: one small record per rollout is read, not every event, and the rows
+    are the same. A rollout whose writer could not summarise it is folded from its events. Rows
+    come partition by partition. With ``scan`` (or on a journal without summaries) every event is
+    read and folded instead, in order of first appearance, leniently: unreadable records go to
+    ``Listing.report`` and the rollouts they break show as damaged; summaries do not show damage to
+    the events (``replay verify`` does).
 
     The scan decodes only what ``RolloutProgress`` reads of the frequent events
     (``RolloutProgress.READS``); ``projected=False`` decodes every field (the same rows, slower).
@@ -154,25 +181,61 @@ def list_rollouts(
     The default is this process alone: workers are spawned interpreters, which re-run a
     calling script that lacks an ``if __name__ == "__main__"`` guard."""
     listing = Listing(source.location)
-    rows = None
-    if jobs != 1:  # (one process asks for the partitions' ends itself, as its scan starts)
+    rows = None if scan else _from_summaries(source, listing, progress)
+    if rows is None and jobs != 1:  # (one process asks for the partitions' ends itself, as its scan starts)
         ends = source.end_offsets()
         workers = jobs_for(source, jobs, ends)
         if workers > 1:
-            scan = PartitionScan(source, partial(_list_partition, projected=projected), workers, ends)
+            workers_scan = PartitionScan(source, partial(_list_partition, projected=projected), workers, ends)
             source.journal.note_damage(listing.report)  # first, as a serial scan notes it
-            rows = _merged(scan.run(progress), listing)
+            rows = _merged(workers_scan.run(progress), listing)
     if rows is None:  # one process (or a journal whose rollouts straddle partitions: read it as one)
         listing = Listing(source.location)
         rows = {}
         listing.events = _fold(source.scan(listing.report, progress, _fields(projected)), rows)
-    forks = forks_in(source.registrations())
+    forks = forks_in(source.journal.workloads())
     for row in rows.values():
         fork = forks.get(row.rollout_id)
         row.forked_from = fork.forked_from if fork is not None else None
     listing.scanned = len(rows)
     listing.rows = [row for row in rows.values() if where.admits(row)]
     return listing
+
+
+def _from_summaries(source: ReplaySource, listing: Listing, progress: Progress | None) -> dict[str, RolloutRow] | None:
+    """The rows from the journal's summaries (the events of a rollout summarised incomplete are
+    folded); None where the journal keeps no summary of every rollout, or one is unreadable."""
+    journal = source.journal
+    if not journal.backend.keeps_summaries:
+        return None
+    held: list[HeldBack] = []
+    index = load_summaries(journal.codec, journal.backend.read_summaries(held=held))
+    if not index.complete:
+        return None
+    if index.errors:
+        log.warning(
+            "%d unreadable record(s) among the summaries (the first: %s): reading every event instead",
+            len(index.errors),
+            index.errors[0],
+        )
+        return None
+    listing.read = "summaries"
+    listing.report.note_held_back(held)
+    rows: dict[str, RolloutRow] = {}
+    unknown: set[str] = set()
+    for rollout_id, summary in index.summaries.items():
+        if summary.complete:
+            rows[rollout_id] = RolloutRow(SummaryFold.of(summary))
+        else:
+            unknown.add(rollout_id)
+    if unknown:  # their writers did not know their whole history: fold their events
+        partitions = sorted({journal.partition_of(r) for r in unknown})
+        folded: dict[str, RolloutRow] = {}
+        items = source.scan(listing.report, progress, _fields(True), partitions)
+        _fold((item for item in items if item.event.header.rollout_id in unknown), folded)
+        rows.update(folded)
+    listing.events = sum(row.events for row in rows.values())
+    return rows
 
 
 def _fields(projected: bool) -> dict[type, tuple[str, ...]] | None:
@@ -189,16 +252,14 @@ def _fold(items: Iterable[JournaledEvent], rows: dict[str, RolloutRow]) -> int:
         events += 1
         row = rows.get(h.rollout_id)
         if row is None:
-            row = rows[h.rollout_id] = RolloutRow(RolloutProgress(h.rollout_id, h.group_id))
-        row.events += 1
+            row = rows[h.rollout_id] = RolloutRow(SummaryFold.empty(h.rollout_id, h.group_id))
         if row.damaged is not None:
+            row.fold.events += 1
             continue
         try:
-            row.progress.apply(event)
+            row.fold.apply(event)
         except StateFoldError as exc:
             row.damaged = f"{exc} at {item.location}"
-            continue
-        row.crash_count.feed(event)
     return events
 
 

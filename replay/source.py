@@ -16,7 +16,7 @@ from typing import Self, TypeVar
 
 from rollout_journal.journal.backend import StoredRecord
 from rollout_journal.journal.events import WorkloadRegistered
-from rollout_journal.journal.journal import Journal, JournaledEvent, ReadReport, read_events_noting
+from rollout_journal.journal.journal import Cursor, Journal, JournaledEvent, ReadReport, read_events_noting
 from rollout_journal.journal.open import open_journal
 from rollout_journal.journal.snapshots import SnapshotIndex
 from rollout_journal.replay.errors import NoSuchRolloutError
@@ -62,11 +62,14 @@ class ReplaySource:
     def rollout_events(
         self, rollout_id: str, report: ReadReport, progress: Progress | None = None
     ) -> Iterator[JournaledEvent]:
-        """One rollout's events from its first, in order, fenced. Raises
-        :class:`NoSuchRolloutError` once its partition is read without finding one."""
+        """One rollout's events from its first, in order, fenced: its partition is read from where
+        its summary says its events begin (from the start without one). Raises
+        :class:`NoSuchRolloutError` once that read found none."""
         found = False
-        partition = self.journal.partition_of(rollout_id)
-        for item in self._counted(self.journal.read_rollout(rollout_id, report=report), [partition], progress):
+        journal = self.journal
+        partition = journal.partition_of(rollout_id)
+        events = journal.read_rollout(rollout_id, Cursor(journal.first_offset(rollout_id)), report)
+        for item in self._counted(events, [partition], progress):
             found = True
             yield item
         if not found:

@@ -39,11 +39,12 @@ from rollout_journal.journal.events import (
     TurnCompleted,
 )
 from rollout_journal.journal.journal import JournaledEvent, ReadReport
+from rollout_journal.journal.progress import WORK_EVENTS
 from rollout_journal.participants.rollout.state import RolloutState, StateFoldError
 from rollout_journal.replay.errors import NoSuchTurnError
 from rollout_journal.replay.lineage import TokenSegment
 from rollout_journal.replay.progress import Progress
-from rollout_journal.replay.rollout_status import DAMAGED, FAILED, GIVEN_UP, RUNNING, WORK_EVENTS, rollout_status
+from rollout_journal.replay.rollout_status import DAMAGED, FAILED, GIVEN_UP, RUNNING, rollout_status
 from rollout_journal.replay.source import ReplaySource
 from rollout_journal.replay.tokenizers import TokenizerCatalog, TokenizerIdentity
 

@@ -148,10 +148,15 @@ def test_replay_scan_reports_its_ratio_and_memory(kafka_bootstrap: str) -> None:
         "64",
         "--output",
         "16",
+        "--segment-ms",
+        "2000",
         timeout_s=300,
         env=os.environ | {"KAFKA_BOOTSTRAP_SERVERS": kafka_bootstrap},
     )
     assert report["journals"]["large"]["events"] == 20 * (1 + 3 * 19)
+    assert report["summaries_ratio"] > 0 and report["summaries_fresh_ratio"] > 0
+    assert report["summary_records_fresh"] == 1 + 20 * (1 + 19)  # the mark, then one an append
+    assert report["summary_records_compacted"] < report["summary_records_fresh"]
     assert report["journals"]["small"]["events"] == 20 * (1 + 3 * 4)
     for key in ("raw_events_per_s", "list_events_per_s", "ratio", "serial_ratio"):
         assert report[key] > 0

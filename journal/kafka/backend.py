@@ -67,7 +67,7 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from rollout_journal.journal.backend import Backend, HeldBack, OutRecord, StoredRecord, Stream, partition_for
 from rollout_journal.journal.errors import (
@@ -96,6 +96,7 @@ from rollout_journal.journal.kafka.retry import Action, Retry, Role, classify
 from rollout_journal.journal.kafka.topics import TopicState, prepare_topics, record_limits, topic_configs
 from rollout_journal.journal.kafka.writer import KafkaWriter, MemberWriter, StagedCommit
 from rollout_journal.journal.metrics import JournalMetrics
+from rollout_journal.journal.summary import COMPLETE_KEY, COMPLETE_VALUE
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +125,13 @@ class KafkaBackend(Backend):
         self.snapshots_topic = settings.snapshots_topic
         self.results_topic = settings.results_topic
         self.workloads_topic = settings.workloads_topic
+        self.summaries_topic = settings.summaries_topic
         self._topics = {
             Stream.EVENTS: self.events_topic,
             Stream.SNAPSHOTS: self.snapshots_topic,
             Stream.RESULTS: self.results_topic,
             Stream.WORKLOADS: self.workloads_topic,
+            Stream.SUMMARIES: self.summaries_topic,
         }
         self.topics: dict[str, TopicState] = {}  # what the open found: replicas, effective configs
         self._topic_max_bytes: int | None = None
@@ -149,6 +152,7 @@ class KafkaBackend(Backend):
         self._consumed: dict[int, int] = {}  # acks applied and durable: offsets the next transaction commits
         self._ack_producer: Producer | None = None  # the trainer's: acknowledgements, never an owner's partitions
         self._ack_lock = threading.Lock()
+        self._summaries_unmarked = False  # a writer opened it with no event yet: it marks its summaries complete
         if transactional and member is None and settings.transactional_id is None:
             raise ConfigurationError(
                 "KafkaSettings.transactional_id is required to commit (the worker's slot name, e.g. "
@@ -169,6 +173,8 @@ class KafkaBackend(Backend):
             else:
                 self.writer = self._new_writer(settings.producer_transactional_id if transactional else None)
             self.writer.open()
+            if self._summaries_unmarked:  # once every right was granted: a refused open writes nothing
+                self._mark_summaries_complete()
         except BaseException:
             self.close()
             raise
@@ -220,12 +226,63 @@ class KafkaBackend(Backend):
                 check_group_access(admin, self.settings, self.readers.group, "DESCRIBE", timeout_s)
                 if self.member is not None:  # a member joins the group that assigns partitions
                     check_group_access(admin, self.settings, self.settings.group_id, "READ", timeout_s)
+            self.keeps_summaries = self.summaries_topic in self.topics
+            self._summaries_unmarked = (
+                self.keeps_summaries and self.transactional and self._no_event_yet(admin, timeout_s)
+            )
         finally:
             admin.poll(0)  # deliver queued client logs
         # The journal chunks anything larger than max_record_bytes; the producer keeps batches below the topics' limit.
         self._topic_max_bytes, self.max_record_bytes = record_limits(self.topics, self.settings)
         # A namespace of an older version, opened without creating topics, has none: registrations are on the snapshots.
         self.keeps_workloads = self.workloads_topic in self.topics
+
+    def _no_event_yet(self, admin: AdminClient, timeout_s: float) -> bool:
+        """Whether the events topic has never held a record (every partition's end is 0), in one
+        request; transient errors (a leader not elected yet just after the topics were created) are
+        retried. Unsure: no."""
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        wanted = {TopicPartition(self.events_topic, p): latest for p in range(self.partitions)}
+        retry = Retry(timeout_s, f"the end offsets of {self.events_topic}")
+        while True:
+            try:
+                ends = admin.list_offsets(wanted, request_timeout=max(1.0, retry.left_s()))
+                return all(future.result().offset == 0 for future in ends.values())
+            except KafkaException as exc:
+                err = kafka_error(exc)
+                if classify(err, Role.OFFSETS) is Action.RETRY and retry.wait(err):
+                    continue
+                log.info("could not learn whether %s is empty (%s): summaries not marked", self.events_topic, exc)
+                return False
+
+    def _mark_summaries_complete(self) -> None:
+        """(A writer opening a namespace with no event yet.) Every rollout will have a summary: say so
+        on the summaries topic, so that a listing reads summaries. A writer of this version knows that
+        only while no event exists (whoever created the topics: a first open, an operator); a namespace
+        without the mark (this write failed, one written before summaries) is listed by folding its
+        events, slower but the same. Several openers may each write it: it is one key."""
+        cfg = base_config(self.settings, self.settings.transactional_id or "creator", "summaries")
+        cfg.update({"enable.idempotence": True, "acks": "all", "error_cb": on_client_error(self.settings)})
+        cfg.update(self.settings.librdkafka)
+        producer = new_client(Producer, cfg, "producer")
+        failed: list[str] = []
+
+        def delivered(err: KafkaError | None, msg: Any) -> None:
+            if err is not None:
+                failed.append(str(err))
+
+        try:
+            producer.produce(self.summaries_topic, value=COMPLETE_VALUE, key=COMPLETE_KEY.encode(), partition=0,
+                             on_delivery=delivered)  # fmt: skip
+            remaining = producer.flush(self.settings.operation_timeout_ms / 1000)
+        finally:
+            close_client(producer)
+        if remaining or failed:
+            log.warning(
+                "could not mark %s complete (%s): listings of this namespace fold every event",
+                self.summaries_topic,
+                failed[0] if failed else "not delivered in time",
+            )
 
     # -- writing --------------------------------------------------------------------------
 
@@ -598,6 +655,22 @@ class KafkaBackend(Backend):
         for partition in wanted:
             self._check_partition(partition)
         return self.readers.read(self.snapshots_topic, wanted, None)
+
+    def read_summaries(
+        self, partitions: Collection[int] | None = None, held: list[HeldBack] | None = None
+    ) -> Iterator[StoredRecord]:
+        """Every retained record of ``<namespace>.summaries`` (of ``partitions`` only, if given; the
+        completeness mark lies on partition 0), in log order per partition; ``held`` as for
+        :meth:`read_events`."""
+        self._check_open()
+        if not self.keeps_summaries:
+            return super().read_summaries(partitions, held)
+        wanted = list(range(self.partitions)) if partitions is None else sorted(partitions)
+        for partition in wanted:
+            self._check_partition(partition)
+        if held is None or self.transactional:
+            return self.readers.read(self.summaries_topic, wanted, None)
+        return self.readers.read_from(self.summaries_topic, dict.fromkeys(wanted), held=held)
 
     def read_results(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:
         """Committed results records of one partition from ``from_offset`` to the end seen when reading starts."""

@@ -278,6 +278,12 @@ class KafkaSettings(BaseModel):
         return f"{self.namespace}.workloads"
 
     @property
+    def summaries_topic(self) -> str:
+        """Each rollout's ``RolloutSummary`` (key ``<rollout>/e<epoch>``), compacted, written in the
+        same transaction as the events it folds: what ``replay list`` reads instead of every event."""
+        return f"{self.namespace}.summaries"
+
+    @property
     def producer_transactional_id(self) -> str | None:
         """``<namespace>.<slot>``: Kafka fences by ``transactional.id`` across the whole cluster,
         so a bare slot name (``worker-0``) would let a job in another namespace fence this one.

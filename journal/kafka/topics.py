@@ -124,6 +124,13 @@ def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
         s.workloads_topic: {  # a few records, the newest registration per workload
             "cleanup.policy": "compact",
         },
+        s.summaries_topic: {  # a listing reads it whole: kept near one record per rollout, as the snapshots
+            "cleanup.policy": "compact",
+            "min.cleanable.dirty.ratio": str(s.snapshot_min_cleanable_dirty_ratio),
+            "segment.ms": str(s.snapshot_segment_ms),
+            "segment.bytes": str(s.snapshot_segment_bytes),
+            "delete.retention.ms": str(s.snapshot_delete_retention_ms),
+        },
     }
 
 
@@ -134,6 +141,9 @@ def prepare_topics(admin: AdminClient, settings: KafkaSettings, *, create: bool)
     if create:
         _create(admin, settings, wanted, timeout_s)
     else:
+        if not topic_listed(admin, settings.summaries_topic, timeout_s, unsure=True):
+            # Written before summaries: its listings fold every event.
+            del wanted[settings.summaries_topic]
         if not topic_listed(admin, settings.results_topic, timeout_s, unsure=True):  # the describe below says why
             # A namespace written before results were published: its readers open it as it is.
             log.info("topic %s does not exist: this namespace publishes no results", settings.results_topic)

@@ -355,6 +355,12 @@ def add_replay_commands(
             help="scan the partitions in N worker processes (default: one a CPU core and a partition "
             "on a Kafka journal of 200,000 records or more, else 1); the rows are the same",
         )
+        p.add_argument(
+            "--scan",
+            action="store_true",
+            help="fold every event, not the rollouts' summaries (a Kafka namespace keeps one per rollout, "
+            "written with its turns): slower, the same rows, and damage to the events shows",
+        )
         p.set_defaults(run="offline:list_rollouts")
         p = group.add_parser("show", help="one rollout turn by turn: attempts, crash points, calls, mutations")
         _journal_arguments(p, positional=True)

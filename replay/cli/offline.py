@@ -84,7 +84,9 @@ def list_rollouts(args: argparse.Namespace) -> int:
 
     where = RolloutFilter(frozenset(args.status or ()), args.group, args.min_attempts, args.crashed)
     with source_of(args) as source:
-        return emit(list_rollouts(source, where, BarProgress("list"), jobs=args.jobs), as_json=args.json)
+        return emit(
+            list_rollouts(source, where, BarProgress("list"), jobs=args.jobs, scan=args.scan), as_json=args.json
+        )
 
 
 def tokenizer_catalog(args: argparse.Namespace) -> TokenizerCatalog:

@@ -50,14 +50,27 @@ class HeldJournal:
     open_txn: Producer
     ended: bool = False
 
+    @property
+    def on_events(self) -> bool:
+        return self.topic.endswith(".events")
 
-@pytest.fixture
-def held_journal(kafka_bootstrap: str) -> Iterator[HeldJournal]:
+    @property
+    def list_args(self) -> list[str]:
+        """``list`` reads the held topic: the summaries, or (``--scan``) every event."""
+        return ["--scan"] if self.on_events else []
+
+
+@pytest.fixture(params=["events", "summaries"])
+def held_journal(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterator[HeldJournal]:
+    """A namespace with a writer killed inside its transaction on the events topic (what ``list
+    --scan``, ``show`` and ``export`` read) or on the summaries topic (what ``list`` reads)."""
     location = f"kafka://{kafka_bootstrap}/hb{uuid.uuid4().hex[:8]}?partitions=4"
     with open_journal(location, writer="probe") as journal:
         backend = journal.backend
         assert isinstance(backend, KafkaBackend)
-        producer_config, topic = backend.producer_config(), backend.events_topic
+        held_events = request.param == "events"
+        producer_config = backend.producer_config()
+        topic = backend.events_topic if held_events else backend.summaries_topic
         partition = journal.partition_of("hb-g0-s0")
         after = same_partition(journal.partition_of, partition, "hb-late-g")
     write_rollout(location, "hb-g0-s0", turns=2)
@@ -65,7 +78,8 @@ def held_journal(kafka_bootstrap: str) -> Iterator[HeldJournal]:
     killed = Producer({**producer_config, "transactional.id": f"{topic}-killed"})
     killed.init_transactions(60)
     killed.begin_transaction()
-    killed.produce(topic, key=b"hb-g0-s0", value=b"never decoded", partition=partition)
+    key = b"hb-g0-s0" if held_events else b"hb-g0-s0/e1"
+    killed.produce(topic, key=key, value=b"never decoded", partition=partition)
     killed.flush(60)
     write_rollout(location, after, turns=3)  # a resumed worker commits after it
     held = HeldJournal(location, topic, partition, "hb-g0-s0", after, killed)
@@ -81,36 +95,37 @@ def end_held_transaction(held: HeldJournal) -> None:
     (bounded) until a reader's last stable offset passes where it began."""
     with open_replay(held.location) as source:
         backend = source.journal.backend
-        stuck = backend.end_offset(held.partition)
+        assert isinstance(backend, KafkaBackend)
+        stuck = backend.readers.end_offset(held.topic, held.partition)
         held.open_txn.abort_transaction(60)
         held.ended = True
         deadline = Deadline(60)
-        while backend.end_offset(held.partition) <= stuck:
+        while backend.readers.end_offset(held.topic, held.partition) <= stuck:
             assert not deadline.passed(), "the aborted transaction's markers never landed"
             deadline.sleep(0.05)
 
 
 def test_a_read_only_read_notes_the_partition_an_open_transaction_holds_back(held_journal: HeldJournal) -> None:
     with open_replay(held_journal.location) as source:
-        listing = list_rollouts(source)
+        listing = list_rollouts(source, scan=held_journal.on_events)
         backend = source.journal.backend
         assert isinstance(backend, KafkaBackend)
-        end = backend.end_offset(held_journal.partition)
+        end = backend.readers.end_offset(held_journal.topic, held_journal.partition)
         high = backend.readers._high_watermark(held_journal.topic, held_journal.partition)
     assert [r.rollout_id for r in listing.rows] == [held_journal.before]  # the later rollout is hidden
     assert listing.report.held_back == [
         HeldBack(held_journal.topic, held_journal.partition, end, high, backend.settings.transaction_timeout_ms)
     ]
     assert not listing.report.errors  # nothing is wrong with the journal
-    # a scan in worker processes notes it too (the report crosses the process boundary)
-    with open_replay(held_journal.location) as source:
-        assert list_rollouts(source, jobs=2).report.held_back == listing.report.held_back
+    if held_journal.on_events:  # a scan in worker processes notes it too (the report crosses the process boundary)
+        with open_replay(held_journal.location) as source:
+            assert list_rollouts(source, jobs=2, scan=True).report.held_back == listing.report.held_back
 
 
 def test_replay_list_warns_on_stderr_once_and_exits_0(
     held_journal: HeldJournal, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert cli(["list", held_journal.location, "--json"]) == 0
+    assert cli(["list", held_journal.location, "--json", *held_journal.list_args]) == 0
     out, err = capsys.readouterr()
     doc = json.loads(out)
     assert [r["rollout_id"] for r in doc["rollouts"]] == [held_journal.before]
@@ -120,11 +135,12 @@ def test_replay_list_warns_on_stderr_once_and_exits_0(
     assert "transaction still open" in warnings[0] and "rerun" in warnings[0]
     assert doc["problems"]["held_back"] and doc["problems"]["damage"] == []
 
-    assert cli(["show", held_journal.location, held_journal.before, "--no-decode"]) == 0
-    assert len([line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]) == 1
+    if held_journal.on_events:  # show reads the events
+        assert cli(["show", held_journal.location, held_journal.before, "--no-decode"]) == 0
+        assert len([line for line in capsys.readouterr().err.splitlines() if line.startswith("warning:")]) == 1
 
     end_held_transaction(held_journal)
-    assert cli(["list", held_journal.location, "--json"]) == 0
+    assert cli(["list", held_journal.location, "--json", *held_journal.list_args]) == 0
     out, err = capsys.readouterr()
     assert {r["rollout_id"] for r in json.loads(out)["rollouts"]} == {held_journal.before, held_journal.after}
     assert "warning:" not in err and json.loads(out)["problems"]["held_back"] == []

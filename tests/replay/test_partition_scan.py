@@ -72,8 +72,9 @@ def write_journal(location: str, rollouts: int, turns: int) -> list[str]:
 
 
 def listed(location: str, jobs: int) -> tuple[dict, list[str], int]:
+    """What ``replay list --scan`` folds from every event (the scan these workers share)."""
     with open_replay(location) as source:
-        listing = list_rollouts(source, jobs=jobs)
+        listing = list_rollouts(source, jobs=jobs, scan=True)
     return listing.as_json(), [str(e) for e in listing.report.errors], listing.report.records_read
 
 
@@ -317,6 +318,7 @@ def test_ctrl_c_while_workers_start_is_one_line_and_ends_them(kafka_bootstrap: s
             location,
             "--jobs",
             "2",
+            "--scan",
         ],
         cwd=REPO_ROOT,
         env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},

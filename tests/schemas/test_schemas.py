@@ -26,8 +26,8 @@ from tests.support.schema_samples import SAMPLES
 
 WHERE = RecordLocation("test", 0, 0)
 
-NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered", "FenceHistory", "TrainingRecord")
-NO_HEADER = ("BlobChunk", "WorkloadRegistered", "FenceHistory")
+NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered", "FenceHistory", "TrainingRecord", "RolloutSummary")
+NO_HEADER = ("BlobChunk", "WorkloadRegistered", "FenceHistory", "RolloutSummary")
 
 CASES = [(name, v) for name, versions in schemas.released_versions().items() for v in versions]
 
@@ -135,6 +135,8 @@ STANDARD_FINGERPRINTS = {
     ("ModelCallProgress", 2): "e36e29f493a5608b",
     ("TrainingRecord", 2): "156a491f337fd8bb",
     ("TurnCompleted", 3): "df12c42d402c7a64",
+    ("Snapshot", 2): "2d9ab8a8a1c4dd11",
+    ("RolloutSummary", 1): "9c801bd7a6f16fc3",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
 

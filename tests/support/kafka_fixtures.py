@@ -33,6 +33,7 @@ import pytest
 from rollout_journal.compose.broker.image import engine_answers, image_name, image_status
 from rollout_journal.compose.errors import LocalBrokerError
 from rollout_journal.compose.local_broker import LocalKafkaCluster, start_local_cluster
+from tests.support.summaries_check import assert_summaries_agree
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +166,14 @@ BACKENDS = ["file", pytest.param("kafka", marks=pytest.mark.kafka)]
 
 
 @pytest.fixture(params=BACKENDS)
-def journal_location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh journal on each backend: a directory, or a namespace of 4 partitions."""
+def journal_location(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh journal on each backend: a directory, or a namespace of 4 partitions. What a test
+    leaves in the namespace is listed from the rollouts' summaries and from their events after it:
+    the two must agree."""
     if request.param == "file":
-        return str(tmp_path / "journal")
+        yield str(tmp_path / "journal")
+        return
     bootstrap = request.getfixturevalue("kafka_bootstrap")
-    return f"kafka://{bootstrap}/{request.getfixturevalue('kafka_namespace')}?partitions=4"
+    location = f"kafka://{bootstrap}/{request.getfixturevalue('kafka_namespace')}?partitions=4"
+    yield location
+    assert_summaries_agree(location)
