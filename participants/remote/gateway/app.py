@@ -646,8 +646,7 @@ class Gateway:
 
     async def models(self) -> Any:
         if self._models is None:
-            response = await self.upstream.client().get(self.upstream.base + "/v1/models")
-            self._models = response.json()
+            self._models = await self.upstream.get_json("/v1/models")
         return self._models
 
     def metrics_json(self) -> dict[str, Any]:
