@@ -475,7 +475,9 @@ class TokenSegment:
         return self.generated and self.logprob_mode == LOGPROB_PROCESSED and not (self.renormalized or self.constrained)
 
     def clipped(self, end: int) -> TokenSegment:
-        return dataclasses.replace(self, end=min(self.end, end))
+        if end >= self.end:  # frozen: the segment itself (a lineage clips every segment on each call)
+            return self
+        return dataclasses.replace(self, end=end)
 
     def as_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

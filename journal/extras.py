@@ -22,6 +22,7 @@ EXTRAS: dict[str, str] = {
     "starlette": "serve",
     "uvicorn": "serve",
     "httpx": "serve",
+    "aiohttp": "serve",
     "vllm": "vllm",
     "testcontainers": "docker",
 }

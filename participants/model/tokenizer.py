@@ -269,7 +269,8 @@ class ChatTokenizer:
         return np.asarray(self._plain.encode(text, add_special_tokens=False).ids, dtype=np.int32)
 
     def decode(self, ids: Sequence[int] | np.ndarray, skip_special_tokens: bool = True) -> str:
-        return self._tok.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        plain = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]  # tolist: C, not a loop
+        return self._tok.decode(plain, skip_special_tokens=skip_special_tokens)
 
     def render(
         self,

@@ -363,7 +363,8 @@ class RolloutSession:
             if on_tokens is not None and len(ids):
                 await on_tokens(TokenChunk(ids, logprobs))
             return answer
-        self._check_live(request.summary())
+        summary = request.summary()  # its digest is journaled with the call: hashed once
+        self._check_live(summary)
         call_index = self.model_index
         call_id = f"{self.rollout_id}/a{self.attempt}/t{turn}/c{call_index}"
         config = self.factory
@@ -382,7 +383,7 @@ class RolloutSession:
             progress_every=config.progress_every_tokens,
             progress_interval_s=config.progress_min_interval_ms / 1000.0,
             on_tokens=on_tokens,
-            request_sha256=request.digest(),
+            request_sha256=summary.digest,
         )
         self._check_usable()  # fenced while it generated: nothing of it is applied or written
         if result.replayed:  # the gate found it in the turn under way (the log was not told): same answer

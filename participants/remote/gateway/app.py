@@ -44,10 +44,9 @@ from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, Field
-from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rollout_journal.journal.errors import RolloutJournalError
 from rollout_journal.journal.events import SamplingParams
@@ -182,10 +181,22 @@ class Gateway:
         await self.upstream.aclose()
 
     # -- the ASGI app ---------------------------------------------------------------------
-    def app(self) -> Starlette:
-        return Starlette(
-            routes=[Route("/{path:path}", self.dispatch, methods=["GET", "POST"])],
-        )
+    def app(self) -> ASGIApp:
+        """Every request to :meth:`dispatch` (GET, HEAD and POST; any other method 405), which answers
+        every error itself: a Starlette router with one catch-all route did the same, with a
+        middleware stack of awaits per request on the gateway's busiest path."""
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":  # lifespan is off; nothing else is served
+                return
+            request = Request(scope, receive, send)
+            if request.method in ("GET", "HEAD", "POST"):
+                response = await self.dispatch(request)
+            else:
+                response = PlainTextResponse("Method Not Allowed", 405, headers={"Allow": "GET, HEAD, POST"})
+            await response(scope, receive, send)
+
+        return app
 
     async def dispatch(self, request: Request) -> Response:
         path = request.url.path
@@ -646,8 +657,7 @@ class Gateway:
 
     async def models(self) -> Any:
         if self._models is None:
-            response = await self.upstream.client().get(self.upstream.base + "/v1/models")
-            self._models = response.json()
+            self._models = await self.upstream.get_json("/v1/models")
         return self._models
 
     def metrics_json(self) -> dict[str, Any]:

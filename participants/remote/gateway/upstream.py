@@ -30,6 +30,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any, NoReturn
 
+import aiohttp
 import numpy as np
 from tenacity import AsyncRetrying
 
@@ -57,7 +58,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 RETRIED_STATUS = frozenset({429})  # and every 5xx
-_POOLS = 16
+# What a try that met a broken connection, a timeout or a cut-off body raises (aiohttp's
+# ServerTimeoutError is both a ClientError and a TimeoutError; a connect timeout is a TimeoutError).
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError)
 
 
 class UpstreamUnavailableError(BackendError):
@@ -96,13 +99,11 @@ class _Transient(Exception):
 
     @classmethod
     def of(cls, exc: Exception) -> _Transient:
-        import httpx
-
-        return cls(f"{type(exc).__name__}: {exc}", timeout=isinstance(exc, httpx.TimeoutException))
+        return cls(f"{type(exc).__name__}: {exc}", timeout=isinstance(exc, TimeoutError))
 
 
 class UpstreamClient:
-    """What both endpoints share: the tokenizer, one pooled HTTP client per event loop, retries."""
+    """What both endpoints share: the tokenizer, one pooled HTTP session per event loop, retries."""
 
     deterministic = False  # a server batching other requests: every answer is journaled before it is given
     resumes_constrained = False
@@ -134,8 +135,8 @@ class UpstreamClient:
         self.max_connections = max_connections
         self.tries = 0  # requests sent, retries included
         self.retried = 0
-        self._clients: dict[asyncio.AbstractEventLoop, list[Any]] = {}
-        self._turn = 0
+        # per loop: its session, and the task that closes it when the loop ends (see session())
+        self._sessions: dict[asyncio.AbstractEventLoop, tuple[aiohttp.ClientSession, asyncio.Task[None]]] = {}
 
     @property
     def url(self) -> str:
@@ -145,33 +146,43 @@ class UpstreamClient:
         """Name the weights from the next call on (after a sync; see ``ModelParticipant.sync_weights``)."""
         self.policy_version = version
 
-    def client(self) -> Any:
-        """One of this loop's pooled clients, in turn. Several small pools, not one large: httpcore
-        looks at every connection of a pool on each request (a poll per idle connection), which
-        cost more CPU than the rest of a call at 64 streams."""
-        import httpx
-
+    def session(self) -> aiohttp.ClientSession:
+        """This loop's HTTP session: its connections to the upstream are kept alive and reused.
+        aiohttp, not httpx: at 64 streams httpx took about 3 ms of CPU a call (its connection pool
+        polls each idle connection per request), more than the rest of the gateway's work on it."""
         loop = asyncio.get_running_loop()
-        clients = self._clients.get(loop)
-        if clients is None:
-            for old in [k for k in self._clients if k.is_closed()]:
-                del self._clients[old]
-            per = max(4, self.max_connections // _POOLS)
-            limits = httpx.Limits(max_connections=per, max_keepalive_connections=per)
-            tls = httpx.create_ssl_context()  # one for all: loading the CA store costs ~0.1-0.3 s a client
-            clients = self._clients[loop] = [
-                httpx.AsyncClient(timeout=self.timeout_s, limits=limits, verify=tls) for _ in range(_POOLS)
-            ]
-        self._turn = (self._turn + 1) % len(clients)
-        return clients[self._turn]
+        held = self._sessions.get(loop)
+        if held is not None and not held[0].closed:
+            return held[0]
+        for old in [k for k in self._sessions if k.is_closed()]:
+            del self._sessions[old]
+        # No total: a long generation streams for as long as it takes; each read and the connect are bounded.
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.timeout_s, sock_read=self.timeout_s)
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=self.max_connections), timeout=timeout)
+        # A caller that drives calls from several asyncio.run()s may never call aclose() in each: the
+        # session is closed as its loop ends (asyncio.run cancels the tasks left), not left open.
+        self._sessions[loop] = (session, loop.create_task(_close_when_cancelled(session)))
+        return session
+
+    async def get_json(self, path: str) -> Any:
+        """``GET`` ``path`` of the upstream's base URL, its JSON (``BackendError`` if it has none)."""
+        try:
+            async with self.session().get(self.base + path) as response:
+                text = (await response.read()).decode("utf-8", "replace")
+        except _TRANSPORT_ERRORS as exc:
+            raise BackendError(f"upstream {self.base}: GET {path}: {type(exc).__name__}: {exc}") from exc
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise BackendError(f"upstream {self.base}: GET {path} answered no JSON ({text[:200]})") from None
 
     async def model_name(self) -> str:
         if self.served_model is None:
-            response = await self.client().get(self.base + "/v1/models")
+            listed = await self.get_json("/v1/models")
             try:
-                self.served_model = str(response.json()["data"][0]["id"])
-            except (KeyError, IndexError, TypeError, ValueError):
-                raise BackendError(f"upstream {self.base}: /v1/models lists no model ({response.text[:200]})") from None
+                self.served_model = str(listed["data"][0]["id"])
+            except (KeyError, IndexError, TypeError):
+                raise BackendError(f"upstream {self.base}: /v1/models lists no model ({str(listed)[:200]})") from None
         return self.served_model
 
     def body(self, request: GenerationRequest, model: str) -> dict[str, Any]:
@@ -181,8 +192,6 @@ class UpstreamClient:
         raise NotImplementedError
 
     async def stream(self, request: GenerationRequest) -> AsyncGenerator[TokenChunk, None]:
-        import httpx
-
         body = self.body(request, await self.model_name())
         if request.chunk_tokens == 0:  # one chunk at the end: one plain request, no event stream to parse
             body["stream"] = False
@@ -195,11 +204,11 @@ class UpstreamClient:
                     self.tries += 1
                     started = False
                     try:
-                        async with self.client().stream("POST", self.url, json=body) as response:
-                            if response.status_code != 200:
-                                text = (await response.aread()).decode("utf-8", "replace")
-                                self._refused(response.status_code, text)
-                            async for line in response.aiter_lines():
+                        async with self.session().post(self.url, json=body) as response:
+                            if response.status != 200:
+                                text = (await response.read()).decode("utf-8", "replace")
+                                self._refused(response.status, text)
+                            async for line in _lines(response.content):
                                 if not line.startswith("data:"):
                                     continue
                                 data = line[5:].strip()
@@ -222,7 +231,7 @@ class UpstreamClient:
                                     if reason is not None:
                                         return
                         raise BackendError(f"{where}: the stream ended without a finish reason")
-                    except (httpx.TimeoutException, httpx.TransportError) as exc:
+                    except _TRANSPORT_ERRORS as exc:
                         if started:  # tokens were handed on: the call cannot start over silently
                             raise BackendError(
                                 f"{where}: the stream broke after tokens flowed ({type(exc).__name__}: {exc})"
@@ -233,25 +242,26 @@ class UpstreamClient:
 
     async def _whole(self, request: GenerationRequest, body: dict[str, Any]) -> TokenChunk:
         """A non-streaming call, retried as a stream's start is."""
-        import httpx
-
         where = f"upstream {self.url}, call {request.request_id}"
+        payload = b""
         try:
             async for attempt in self._tries(where):
                 with attempt:
                     self.tries += 1
                     try:
-                        response = await self.client().post(self.url, json=body)
-                    except (httpx.TimeoutException, httpx.TransportError) as exc:
+                        async with self.session().post(self.url, json=body) as response:
+                            status, payload = response.status, await response.read()
+                    except _TRANSPORT_ERRORS as exc:
                         raise _Transient.of(exc) from exc
-                    if response.status_code != 200:
-                        self._refused(response.status_code, response.text)
+                    if status != 200:
+                        self._refused(status, payload.decode("utf-8", "replace"))
         except _Transient as exc:
             raise self._unavailable(exc) from exc.__cause__
         try:
-            ids, logprobs, reason = self.tokens_of(response.json(), where)
+            ids, logprobs, reason = self.tokens_of(json.loads(payload), where)
         except ValueError:
-            raise BackendError(f"{where}: the answer is no JSON: {response.text[:200]}") from None
+            text = payload.decode("utf-8", "replace")
+            raise BackendError(f"{where}: the answer is no JSON: {text[:200]}") from None
         if reason is None:
             raise BackendError(f"{where}: the answer has no finish reason")
         return TokenChunk(
@@ -278,9 +288,11 @@ class UpstreamClient:
         return UpstreamUnavailableError(self.base, last.detail, self.retries + 1, last.status, timeout=last.timeout)
 
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        for client in self._clients.pop(loop, []):
-            await client.aclose()
+        held = self._sessions.pop(asyncio.get_running_loop(), None)
+        if held is not None:
+            session, closer = held
+            closer.cancel()
+            await session.close()
 
 
 class GenerateUpstream(UpstreamClient):
@@ -401,6 +413,26 @@ def probe_logprob_mode(base: str, model_dir: str, served: str) -> str:
             "gateway with --upstream-logprobs raw to journal them as raw"
         )
     return mode
+
+
+async def _close_when_cancelled(session: aiohttp.ClientSession) -> None:
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await session.close()
+
+
+async def _lines(body: aiohttp.StreamReader) -> AsyncGenerator[str, None]:
+    """An event stream's lines, without their ends, as its bytes arrive (of any length: aiohttp's own
+    line iterator refuses a line over its buffer's limit, and one chunk may carry a long answer)."""
+    pending = b""
+    async for data in body.iter_any():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8")
 
 
 def _first_choice(chunk: Any, where: str) -> dict[str, Any]:
