@@ -27,8 +27,8 @@ rollout: its creator writes :data:`COMPLETE_KEY` there. A reader that does not f
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from rollout_journal.journal.backend import OutRecord, StoredRecord, Stream, compacted
@@ -150,10 +150,7 @@ class SummaryFold:
 
 def incomplete(rollout_id: str, group_id: str, epoch: int) -> RolloutSummary:
     """The summary of a rollout whose history its writer does not know: a reader folds its events."""
-    return RolloutSummary(
-        rollout_id, group_id, epoch, False, 0, 0, 0, False, None, False, False, 0, 0, 0, 0, [], "", None, 0, 0, 0, 0,
-        False, False, False, 0, -1, Header.now_ms(),
-    )  # fmt: skip
+    return replace(SummaryFold.empty(rollout_id, group_id).record(), epoch=epoch, complete=False)
 
 
 class SummaryWriter:
@@ -167,6 +164,7 @@ class SummaryWriter:
         # carrying a long message) is written incomplete, and a listing folds that rollout's events.
         self.max_bytes = max_bytes
         self._folds: dict[str, SummaryFold | None] = {}  # None: its history is not known here
+        self._locating: set[str] = set()  # started here, their first event's offset not yet known
 
     def note(self, rollout_id: str, fold: SummaryFold | None) -> None:
         """What restore learned of a rollout (None: not enough to fold it)."""
@@ -176,10 +174,12 @@ class SummaryWriter:
         """An append of it failed: what this writer folded may be ahead of the journal."""
         if rollout_id in self._folds:
             self._folds[rollout_id] = None
+        self._locating.discard(rollout_id)
 
     def drop(self, rollout_ids: Iterable[str]) -> None:
         for rollout_id in list(rollout_ids):
             self._folds.pop(rollout_id, None)
+            self._locating.discard(rollout_id)
 
     def known(self) -> list[str]:
         return list(self._folds)
@@ -196,12 +196,15 @@ class SummaryWriter:
     def located(self, records: Sequence[OutRecord], locations: Sequence[RecordLocation]) -> None:
         """``records`` were committed at ``locations``: a rollout's first event (seq 0) tells where
         its events begin, which its next summaries carry."""
+        if not self._locating:  # the committer's every commit passes here: most have no rollout to locate
+            return
         for record, location in zip(records, locations):
-            if record.stream is not Stream.EVENTS or record.continuation or record.value is None:
+            if record.key not in self._locating or record.stream is not Stream.EVENTS or record.continuation:
                 continue
             fold = self._folds.get(record.key)
-            if fold is not None and fold.first_offset < 0 and peek_seq(record.value) == 0:
+            if fold is not None and record.value is not None and peek_seq(record.value) == 0:
                 fold.first_offset = location.offset
+                self._locating.discard(record.key)
 
     def records(self, events: Sequence[RolloutEvent], earlier_epochs: Iterable[int] = ()) -> list[OutRecord]:
         """Fold ``events`` (one rollout's, in order) and return its summary record, plus tombstones of
@@ -213,6 +216,7 @@ class SummaryWriter:
         fold = self._folds.get(rollout_id)
         if fold is None and _starts_rollout(events[0]):  # seq 0: nothing of it came before
             fold = SummaryFold.empty(rollout_id, first.group_id)
+            self._locating.add(rollout_id)
         if fold is not None:
             try:
                 for event in events:
@@ -297,12 +301,13 @@ def load_summaries(codec: Codec, stored: Iterable[StoredRecord]) -> SummaryIndex
     def bad(record: StoredRecord) -> None:
         index.errors.append(CorruptRecordError(record.location, record.error or "unreadable"))
 
-    counted: list[StoredRecord] = []
-    for record in stored:
-        index.records += 1
-        counted.append(record)
+    def counted() -> Iterator[StoredRecord]:
+        for record in stored:
+            index.records += 1
+            yield record
+
     newest: dict[str, tuple[int, StoredRecord]] = {}
-    for key, kept in compacted(counted, 1, bad).items():
+    for key, kept in compacted(counted(), 1, bad).items():
         if key == COMPLETE_KEY:
             index.complete = True
             continue
