@@ -9,7 +9,7 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Protocol, cast
+from typing import TYPE_CHECKING, Protocol, cast
 
 from rollout_journal.journal.backend import (
     Backend,
@@ -58,7 +58,10 @@ from rollout_journal.journal.snapshots import (
     tombstone_records,
     workload_key,
 )
-from rollout_journal.journal.summary import SummaryFold, SummaryWriter, load_summaries
+from rollout_journal.journal.summary import SummaryWriter, load_summaries, summary_of
+
+if TYPE_CHECKING:  # restore builds on the journal
+    from rollout_journal.journal.restore import RolloutHistory
 
 log = logging.getLogger(__name__)
 
@@ -305,12 +308,14 @@ class Journal:
         summary = index.summaries.get(rollout_id)
         return summary.first_offset if summary is not None and summary.complete and summary.first_offset > 0 else 0
 
-    def note_summary(self, rollout_id: str, fold: SummaryFold | None) -> None:
-        """Tell the writer a restored rollout's summary (:func:`~rollout_journal.journal.summary.summary_of`;
-        None: its history is not known), so the summaries it writes next are whole."""
+    def note_restored(self, history: RolloutHistory) -> None:
+        """Tell the writer the history a restore of a rollout read (:func:`~rollout_journal.journal.summary.summary_of`
+        folds its summary from it), so the summaries it writes next are whole. Nothing is folded on a
+        backend that keeps no summaries."""
         if self._summaries is not None:
+            fold = summary_of(self.codec, history)
             with self._fence_lock:
-                self._summaries.note(rollout_id, fold)
+                self._summaries.note(history.rollout_id, fold)
 
     def _owned_under(self, events: Sequence[RolloutEvent], snapshot: SnapshotDraft | None) -> Callable[[], None]:
         """The check an append's batch runs in the committer before every attempt: its partition is

@@ -25,7 +25,6 @@ from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import ClusterUnreachableError, PartitionFencedError, UnstableReadError
 from rollout_journal.journal.journal import AppendReceipt, Journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
-from rollout_journal.journal.summary import summary_of
 
 __all__ = ["AckPositions", "apply_waiting_acks", "read_taken", "serve_acknowledgements", "take_and_restore"]
 
@@ -117,7 +116,7 @@ def apply_waiting_acks(journal: Journal, partition: int, plan: RestorePlan) -> N
     for stored in records:
         history = plan.rollouts.get(stored.key)
         if history is not None:  # no restore follows an acknowledged rollout: its summary goes on whole
-            journal.note_summary(stored.key, summary_of(journal.codec, history))
+            journal.note_restored(history)
         applied = journal.apply_acknowledgement(stored)
         if applied is None:
             continue

@@ -16,7 +16,6 @@ from collections.abc import Collection
 from rollout_journal.journal.errors import RecordLocation
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.restore import RolloutHistory, history_from_first_event, reload_rollout
-from rollout_journal.journal.summary import summary_of
 from rollout_journal.participants.rollout.state import RolloutState, restore_state
 
 __all__ = ["trusted_restore"]
@@ -47,5 +46,5 @@ def trusted_restore(
     if not state.finished and (state.lineage is None or (needs_effects and not state.effects.known)):
         history = history_from_first_event(journal, history)
         state = restore_state(history, group_id)
-    journal.note_summary(history.rollout_id, summary_of(journal.codec, history))  # the summaries go on from here
+    journal.note_restored(history)  # its summaries go on from here
     return history, state

@@ -79,7 +79,7 @@ def test_a_zombie_attempt_writing_after_its_successor_never_stands_for_the_rollo
         zombie.append_sync([start(rid), *turn(rid, 0, 1)])
         with open_journal(location, writer="b") as successor:
             history = load_rollouts(successor).rollouts[rid]
-            successor.note_summary(rid, summary_of(successor.codec, history))  # what a restore does
+            successor.note_restored(history)  # what a restore does
             successor.append_sync([start(rid, attempt=2, seq=4, resumed_from_turn=1)])
             successor.append_sync(turn(rid, 1, 5, attempt=2))
         zombie.append_sync(turn(rid, 1, 4))  # epoch 1, after the fence: readers drop it
@@ -129,7 +129,7 @@ def test_a_restore_carries_the_summary_in_the_snapshot_so_the_next_writer_knows_
         assert [item.event.header.seq for item in history.events] == [4, 5, 6]
         fold = summary_of(second.codec, history)
         assert fold is not None and fold.progress.next_turn == 2 and fold.events == 7
-        second.note_summary(rid, fold)
+        second.note_restored(history)
         second.append_sync(turn(rid, 2, 7))
         index = load_summaries(second.codec, second.backend.read_summaries())
     assert index.summaries[rid].complete and index.summaries[rid].next_turn == 3
@@ -221,7 +221,7 @@ def test_a_zombie_event_committed_between_the_successors_restore_and_its_start(l
         zombie.append_sync([start(rid), *turn(rid, 0, 1)])
         with open_journal(location, writer="b") as successor:
             history = load_rollouts(successor).rollouts[rid]
-            successor.note_summary(rid, summary_of(successor.codec, history))  # what a restore does
+            successor.note_restored(history)  # what a restore does
             zombie.append_sync(turn(rid, 1, 4)[:1])  # the zombie's model call of turn 1, seq 4
             successor.append_sync([start(rid, attempt=2, seq=4, resumed_from_turn=1)])
             successor.append_sync(turn(rid, 1, 5, attempt=2))
