@@ -8,6 +8,7 @@ N+1 would see. Memory: one bounded row per rollout, whatever the history.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -25,6 +26,8 @@ from rollout_journal.replay.source import ReplaySource
 from rollout_journal.replay.table import table
 
 log = logging.getLogger(__name__)
+
+_DIGITS = re.compile(r"(\d+)")
 
 __all__ = ["STATUSES", "Listing", "RolloutFilter", "RolloutRow", "list_rollouts"]
 
@@ -169,8 +172,8 @@ def list_rollouts(
     ``rollout_journal.journal.summary``), the rows are those summaries, which their writers committed
     with the events they fold: one small record per rollout is read, not every event, and the rows
     are the same. A rollout whose writer could not summarise it is folded from its events. Rows
-    come partition by partition. With ``scan`` (or on a journal without summaries) every event is
-    read and folded instead, in order of first appearance, leniently: unreadable records go to
+    are in rollout id order (numbers as numbers). With ``scan`` (or on a journal without summaries)
+    every event is read and folded instead, leniently: unreadable records go to
     ``Listing.report`` and the rollouts they break show as damaged; summaries do not show damage to
     the events (``replay verify`` does).
 
@@ -198,8 +201,16 @@ def list_rollouts(
         fork = forks.get(row.rollout_id)
         row.forked_from = fork.forked_from if fork is not None else None
     listing.scanned = len(rows)
-    listing.rows = [row for row in rows.values() if where.admits(row)]
+    listing.rows = sorted((row for row in rows.values() if where.admits(row)), key=_listing_order)
     return listing
+
+
+def _listing_order(row: RolloutRow) -> list[str | int]:
+    """Rows are listed by rollout id, its numbers compared as numbers (``g2`` before ``g10``): the
+    same order whatever was read (summaries come as the consumer fetches their partitions, which
+    differs from one read to the next), however many processes scanned, and in a copy of the
+    journal with other partitions."""
+    return [int(part) if part.isdigit() else part for part in _DIGITS.split(row.rollout_id)]
 
 
 def _from_summaries(source: ReplaySource, listing: Listing, progress: Progress | None) -> dict[str, RolloutRow] | None:

@@ -114,6 +114,25 @@ def test_a_writer_that_never_learned_the_history_summarises_incomplete_and_the_l
     assert rows(summarized)[rid]["turns"] == 2
 
 
+def test_a_listing_is_in_the_same_order_whatever_it_read(kafka_bootstrap: str) -> None:
+    """Rows come in rollout id order (numbers as numbers), from the summaries as from a scan,
+    however the consumer interleaves the summaries partitions (CI once listed one journal in two
+    orders), with a rollout folded from its events (its summary incomplete) among them."""
+    location = f"kafka://{kafka_bootstrap}/sumo{uuid.uuid4().hex[:8]}?partitions=4"
+    ids = [f"order-g{i}-s{s}" for i in range(12) for s in range(2)]
+    with open_journal(location, writer="w0") as journal:
+        for rid in reversed(ids):
+            journal.append_sync([start(rid)])
+        for rid in ids[::3]:  # the summaries topic's order unlike the events'
+            journal.append_sync(turn(rid, 0, 1))
+    with open_journal(location, writer="w0") as blind:  # appends without restoring: incomplete
+        blind.append_sync(turn(ids[5], 0, 1))
+    for _ in range(3):
+        summarized, scanned = listings(location)
+        assert summarized.read == "summaries"
+        assert [row.rollout_id for row in summarized.rows] == [row.rollout_id for row in scanned.rows] == ids
+
+
 def test_a_restore_carries_the_summary_in_the_snapshot_so_the_next_writer_knows_it(location: str) -> None:
     """The snapshot keeps the summary through its ``covers_seq``; a writer restoring from it folds
     only the events after it and goes on summarising whole."""
