@@ -684,10 +684,15 @@ class Journal:
                 report.errors.append(damage)
 
     def read_rollouts(
-        self, cursors: Mapping[str, Cursor], report: ReadReport | None = None
+        self,
+        cursors: Mapping[str, Cursor],
+        report: ReadReport | None = None,
+        first_offsets: dict[str, int] | None = None,
     ) -> Iterator[JournaledEvent]:
         """Events of the given rollouts after their cursors, in log order per
-        partition, fenced. One pass per partition from its lowest cursor."""
+        partition, fenced. One pass per partition from its lowest cursor. ``first_offsets`` (if
+        given) receives where a rollout's first event (seq 0) lies when the read passes over it,
+        covered by the rollout's snapshot: a summary that snapshot keeps may not know it."""
         self.note_damage(report)
         by_partition: dict[int, dict[str, Cursor]] = {}
         for rollout_id, known in cursors.items():
@@ -710,12 +715,12 @@ class Journal:
                 if cursor is not None and cursor.after_seq >= 0 and stored.error is None:
                     try:
                         # Only a header-led record may be peeked: any other bytes are decoded and reported.
-                        if (
-                            stored.value is not None
-                            and self.codec.record_class(stored.value) in _PEEKABLE
-                            and peek_seq(stored.value) <= cursor.after_seq
-                        ):
-                            continue  # covered by the snapshot: skip without decoding (or joining pieces)
+                        if stored.value is not None and self.codec.record_class(stored.value) in _PEEKABLE:
+                            seq = peek_seq(stored.value)
+                            if seq <= cursor.after_seq:  # covered by the snapshot: skip without decoding
+                                if seq == 0 and first_offsets is not None:
+                                    first_offsets.setdefault(stored.key, stored.location.offset)
+                                continue
                     except (IndexError, ValueError):
                         pass  # let the full decode name what is wrong
                 item = self._decode(stored, report, chunks)

@@ -42,6 +42,7 @@ class RolloutHistory:
     snapshot: LoadedSnapshot | None  # None: replay from the rollout's first event
     events: list[JournaledEvent] = field(default_factory=list)
     fence: Fence | None = None  # its newest attempt, from the snapshot stream
+    first_offset: int = -1  # where its first event lies, where the read passed over it (-1: not seen)
 
 
 @dataclass
@@ -95,9 +96,12 @@ def load_rollouts(
         histories[rollout_id] = RolloutHistory(rollout_id, None)
         cursors[rollout_id] = Cursor()
     replayed = 0
-    for item in journal.read_rollouts(cursors, report):
+    first_offsets: dict[str, int] = {}
+    for item in journal.read_rollouts(cursors, report, first_offsets):
         histories[item.event.header.rollout_id].events.append(item)
         replayed += 1
+    for rollout_id, offset in first_offsets.items():
+        histories[rollout_id].first_offset = offset
     replayed += _read_again_while_behind(journal, histories, cursors, report)
     return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed, acknowledged)
 

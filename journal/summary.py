@@ -274,6 +274,8 @@ def summary_of(codec: Codec, history: RolloutHistory) -> SummaryFold | None:
         if not isinstance(record, RolloutSummary) or not record.complete:
             return None
         fold = SummaryFold.of(record)
+        if fold.first_offset < 0:  # the snapshot was taken before its first event's offset was known
+            fold.first_offset = history.first_offset
         events = [item.event for item in history.events]
     try:
         for event in events:

@@ -14,6 +14,7 @@ import asyncio
 import json
 import shutil
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from rollout_journal.replay.source import open_replay
 from tests.support.kafka_drills import wait_for
 from tests.support.kafka_fixtures import BACKENDS
 from tests.support.recovery_support import run_child_and_kill
+from tests.support.summaries_check import assert_summaries_agree
 
 STOP = {"g0-s0": 5, "g0-s1": 2, "g1-s0": 3, "g1-s1": 1, "g2-s0": 2, "g2-s1": 0}  # turns committed at the crash
 
@@ -122,7 +124,7 @@ class CrashedRun:
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
-def crashed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> CrashedRun:
+def crashed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrashedRun]:
     config = workload(location_for(request.param, request, tmp_path_factory.mktemp("replay")))
     ids = {s.rollout_id.removeprefix("rp-"): s.rollout_id for s in workload_specs(config)}
     states, initial = {}, {}
@@ -132,7 +134,9 @@ def crashed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
 
         listing_at_crash = list_rollouts(source).as_json()
     resumed = run_watched(config, states, initial, resume=True)
-    return CrashedRun(config, ids, listing_at_crash, resumed, states, initial)
+    yield CrashedRun(config, ids, listing_at_crash, resumed, states, initial)
+    if request.param == "kafka":
+        assert_summaries_agree(config.journal)
 
 
 def run_cli(capsys: pytest.CaptureFixture, *argv: str) -> tuple[int, dict | None, str]:

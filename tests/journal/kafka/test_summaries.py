@@ -25,6 +25,7 @@ from rollout_journal.journal.restore import load_rollouts
 from rollout_journal.journal.summary import COMPLETE_KEY, load_summaries, summary_key, summary_of
 from rollout_journal.replay.listing import Listing, list_rollouts
 from rollout_journal.replay.source import open_replay
+from tests.support.summaries_check import assert_first_offsets_right
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(180)]
 
@@ -154,6 +155,55 @@ def test_a_restore_carries_the_summary_in_the_snapshot_so_the_next_writer_knows_
     assert index.summaries[rid].complete and index.summaries[rid].next_turn == 3
     summarized, scanned = listings(location)
     assert rows(summarized) == rows(scanned)
+
+
+def test_a_rollout_snapshotted_in_its_first_commit_keeps_its_first_offset_across_a_restore(location: str) -> None:
+    """The snapshot in the commit that holds a rollout's first event keeps a summary that cannot
+    know where that event lies (its offset comes with the commit); the restore from it passes over
+    that event and tells the next writer, whose summaries name it again (``replay show`` reads from
+    there). Before: -1 from the restore on, and ``show`` read the partition from its start."""
+    from rollout_journal.journal.snapshots import SnapshotDraft
+
+    rid = "first-g0-s0"
+    with open_journal(location, writer="w0") as first:
+        filler = next(
+            f"fill-g{i}-s0" for i in range(64) if first.partition_of(f"fill-g{i}-s0") == first.partition_of(rid)
+        )
+        first.append_sync([start(filler)])  # so the rollout's events do not begin at offset 0
+        first.append_sync([start(rid), *turn(rid, 0, 1)], SnapshotDraft(start(rid).header, "running", 3, b"state"))
+        begins = next(r.location.offset for r in first.backend.read_events(first.partition_of(rid)) if r.key == rid)
+        assert begins > 0
+    with open_journal(location, writer="w0") as second:
+        history = load_rollouts(second).rollouts[rid]
+        assert history.snapshot is not None and history.events == []
+        second.note_restored(history)
+        second.append_sync(turn(rid, 1, 4))
+        assert second.first_offset(rid) == begins
+    assert_first_offsets_right(location)
+
+
+def test_a_snapshot_appended_while_the_first_event_commits_keeps_its_first_offset(location: str) -> None:
+    """A writer that appends a rollout's start and, before that commits, its first turn with a
+    snapshot (appends pipelined, as an agent's are): the snapshot's summary names where the first
+    event lies, so a restore from it goes on knowing."""
+    from rollout_journal.journal.snapshots import SnapshotDraft
+
+    rid = "piped-g0-s0"
+    with open_journal(location, writer="w0") as first:
+        filler = next(
+            f"fill-g{i}-s0" for i in range(64) if first.partition_of(f"fill-g{i}-s0") == first.partition_of(rid)
+        )
+        first.append_sync([start(filler)])
+        started = first.append([start(rid)])
+        snapshotted = first.append(turn(rid, 0, 1), SnapshotDraft(start(rid).header, "running", 3, b"state"))
+        started.result(60), snapshotted.result(60)
+        begins = next(r.location.offset for r in first.backend.read_events(first.partition_of(rid)) if r.key == rid)
+    with open_journal(location, writer="w0") as second:
+        history = load_rollouts(second).rollouts[rid]
+        assert history.snapshot is not None and history.events == []
+        second.note_restored(history)
+        second.append_sync(turn(rid, 1, 4))
+        assert second.first_offset(rid) == begins > 0
 
 
 def test_a_namespace_written_before_summaries_is_listed_from_its_events(kafka_bootstrap: str) -> None:
