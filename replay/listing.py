@@ -205,12 +205,14 @@ def list_rollouts(
     return listing
 
 
-def _listing_order(row: RolloutRow) -> list[str | int]:
-    """Rows are listed by rollout id, its numbers compared as numbers (``g2`` before ``g10``): the
-    same order whatever was read (summaries come as the consumer fetches their partitions, which
-    differs from one read to the next), however many processes scanned, and in a copy of the
-    journal with other partitions."""
-    return [int(part) if part.isdigit() else part for part in _DIGITS.split(row.rollout_id)]
+def _listing_order(row: RolloutRow) -> tuple[list[str | int], str]:
+    """Rows are listed by rollout id, its numbers compared as numbers (``g2`` before ``g10``; ids
+    equal but for leading zeros by the ids themselves): the same order whatever was read
+    (summaries come as the consumer fetches their partitions, which differs from one read to the
+    next), however many processes scanned, and in a copy of the journal with other partitions."""
+    parts: list[str | int] = list(_DIGITS.split(row.rollout_id))  # text, digits, text, ...: text first
+    parts[1::2] = [int(digits) for digits in parts[1::2]]
+    return parts, row.rollout_id
 
 
 def _from_summaries(source: ReplaySource, listing: Listing, progress: Progress | None) -> dict[str, RolloutRow] | None:
