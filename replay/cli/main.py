@@ -332,7 +332,10 @@ def add_replay_commands(
         "replay", help="look at a journal: list, show, state, report (reads only)"
     ).add_subparsers(dest="replay_command", required=True, metavar="COMMAND")
     for group in (sub, replay):
-        p = group.add_parser("list", help="every rollout: group, status, attempts, turns, reward, policy versions")
+        p = group.add_parser(
+            "list",
+            help="every rollout (by id, numbers as numbers): group, status, attempts, turns, reward, policy versions",
+        )
         _journal_arguments(p, positional=True)
         p.add_argument(
             "--status",
