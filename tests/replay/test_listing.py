@@ -29,6 +29,24 @@ def listed(location: str) -> list[str]:
 @pytest.mark.parametrize(
     "ids",
     [
+        ["g01", "g1"],  # leading zeros: the same number
+        ["g1", "g\u0661"],  # an ASCII and an Arabic-Indic one: both the number 1
+        ["r-0", "r-00", "r-000"],
+    ],
+    ids=["leading-zeros", "arabic-indic", "zeros"],
+)
+def test_ids_of_one_number_are_listed_in_one_order_whatever_was_written_first(tmp_path: Path, ids: list[str]) -> None:
+    """Two ids whose numbers are equal come in one order, not in the order they were read (a scan
+    reads in log order, the summaries in the consumer's)."""
+    forward, backward = str(tmp_path / "forward"), str(tmp_path / "backward")
+    started(forward, ids)
+    started(backward, list(reversed(ids)))
+    assert listed(forward) == listed(backward)
+
+
+@pytest.mark.parametrize(
+    "ids",
+    [
         ["run1\u00b22-g0-s0", "run1-g0-s0"],  # a superscript two: str.isdigit() is True, int() refuses it
         ["\u2460", "1"],  # a circled one
         ["n" + "7" * 5000, "n8"],  # more digits than int() converts by default
@@ -44,6 +62,6 @@ def test_any_rollout_id_is_listed(tmp_path: Path, ids: list[str]) -> None:
 
 def test_numbers_are_compared_as_numbers_however_long(tmp_path: Path) -> None:
     location = str(tmp_path / "j")
-    ids = ["n10", "n" + "9" * 5000, "n9", "m", "n"]
+    ids = ["n10", "n" + "9" * 5000, "n9", "n010", "m", "n"]
     started(location, ids)
-    assert listed(location) == ["m", "n", "n9", "n10", "n" + "9" * 5000]
+    assert listed(location) == ["m", "n", "n9", "n010", "n10", "n" + "9" * 5000]
