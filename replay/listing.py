@@ -27,7 +27,7 @@ from rollout_journal.replay.table import table
 
 log = logging.getLogger(__name__)
 
-_DIGITS = re.compile(r"(\d+)")
+_DIGITS = re.compile(r"([0-9]+)")  # ASCII digits only: str.isdigit() and \d take others int() refuses
 
 __all__ = ["STATUSES", "Listing", "RolloutFilter", "RolloutRow", "list_rollouts"]
 
@@ -205,14 +205,16 @@ def list_rollouts(
     return listing
 
 
-def _listing_order(row: RolloutRow) -> tuple[list[str | int], str]:
-    """Rows are listed by rollout id, its numbers compared as numbers (``g2`` before ``g10``; ids
-    equal but for leading zeros by the ids themselves): the same order whatever was read
-    (summaries come as the consumer fetches their partitions, which differs from one read to the
-    next), however many processes scanned, and in a copy of the journal with other partitions."""
-    parts: list[str | int] = list(_DIGITS.split(row.rollout_id))  # text, digits, text, ...: text first
-    parts[1::2] = [int(digits) for digits in parts[1::2]]
-    return parts, row.rollout_id
+def _listing_order(row: RolloutRow) -> tuple[list[str | tuple[int, str]], str]:
+    """Rows are listed by rollout id, its numbers compared as numbers (``g2`` before ``g10``): the
+    same order whatever was read (summaries come as the consumer fetches their partitions, which
+    differs from one read to the next), however many processes scanned, and in a copy of the
+    journal with other partitions. Any id has its place: a number is compared by its digits, not
+    converted (an id may hold more of them than ``int()`` takes), and ids whose numbers are equal
+    (``g01``, ``g1``) are ordered by the id itself, not by whichever was read first."""
+    parts = _DIGITS.split(row.rollout_id)  # text, number, text, ...: the same kinds at the same places
+    numbered = [part if i % 2 == 0 else (len(part.lstrip("0")), part.lstrip("0")) for i, part in enumerate(parts)]
+    return numbered, row.rollout_id
 
 
 def _from_summaries(source: ReplaySource, listing: Listing, progress: Progress | None) -> dict[str, RolloutRow] | None:

@@ -17,7 +17,7 @@ from bench.common import turn_events
 from rollout_journal.journal.backend import partition_for
 from rollout_journal.journal.codec import Codec
 from rollout_journal.journal.events import AttemptStarted, Header, Message, RolloutEvent, RolloutFailed, RolloutSummary
-from rollout_journal.journal.journal import Journal
+from rollout_journal.journal.journal import Journal, ReadReport
 from rollout_journal.journal.kafka.backend import KafkaBackend
 from rollout_journal.journal.kafka.config import KafkaSettings
 from rollout_journal.journal.open import open_journal
@@ -369,3 +369,33 @@ def test_an_acknowledgement_applied_at_a_take_leaves_a_whole_summary(location: s
     summarized, scanned = listings(location)
     assert rows(summarized) == rows(scanned) and rows(scanned)[rid]["status"] == "acknowledged"
     assert index.summaries[rid].complete, "the acknowledged rollout's summary is incomplete for good"
+
+
+def test_a_chunked_first_event_is_located_at_its_first_piece_across_restores(location: str) -> None:
+    """A rollout whose first event travels in pieces, snapshotted in that commit: the restore
+    passes over every piece (each peeks as seq 0) and notes the first one's offset, and a second
+    restore (from a snapshot the restored writer took) keeps it; ``show`` reads every event."""
+    from rollout_journal.journal.snapshots import SnapshotDraft
+
+    rid = "chunk-g0-s0"
+    big = AttemptStarted(start(rid).header, 0, "topology", "test", [Message("user", "task " * 3000)])
+    with open_journal(location, writer="w0", max_record_bytes=4000) as first:
+        filler = next(
+            f"fill-g{i}-s0" for i in range(64) if first.partition_of(f"fill-g{i}-s0") == first.partition_of(rid)
+        )
+        first.append_sync([start(filler)])
+        first.append_sync([big, *turn(rid, 0, 1)], SnapshotDraft(big.header, "running", 3, b"state"))
+        pieces = [r.location.offset for r in first.backend.read_events(first.partition_of(rid)) if r.key == rid]
+        assert len(pieces) > 3 and pieces[0] > 0
+    for restore in range(2):
+        with open_journal(location, writer="w0", max_record_bytes=4000) as again:
+            history = load_rollouts(again).rollouts[rid]
+            assert history.snapshot is not None and history.events == []
+            again.note_restored(history)
+            seq = 4 + 3 * restore
+            again.append_sync(turn(rid, 1 + restore, seq), SnapshotDraft(big.header, "running", seq + 2, b"state"))
+            assert again.first_offset(rid) == pieces[0]
+    with open_replay(location) as source:
+        shown = [item.event.header.seq for item in source.rollout_events(rid, ReadReport())]
+    assert shown == list(range(10))
+    assert_first_offsets_right(location)
