@@ -36,6 +36,7 @@ from rollout_journal.journal.codec import Codec, peek_seq
 from rollout_journal.journal.errors import CorruptRecordError, JournalError, RecordLocation
 from rollout_journal.journal.events import AttemptStarted, Header, RolloutEvent, RolloutSummary
 from rollout_journal.journal.progress import CrashCount, RolloutProgress, StateFoldError
+from rollout_journal.journal.whole_numbers import whole_number
 
 if TYPE_CHECKING:
     from rollout_journal.journal.restore import RolloutHistory
@@ -61,10 +62,11 @@ def summary_key(rollout_id: str, epoch: int) -> str:
 
 
 def _parse_key(key: str) -> tuple[str, int] | None:
-    rollout_id, mark, epoch = key.rpartition(EPOCH_MARK)
-    if not mark or not rollout_id or not epoch.isdigit():
+    rollout_id, mark, text = key.rpartition(EPOCH_MARK)
+    epoch = whole_number(text)
+    if not mark or not rollout_id or epoch is None:
         return None
-    return rollout_id, int(epoch)
+    return rollout_id, epoch
 
 
 @dataclass

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from rollout_journal.journal.whole_numbers import whole_number
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
 from rollout_journal.replay.errors import TokenizerUnavailableError
 from rollout_journal.replay.timeline import (
@@ -339,7 +340,8 @@ def diffs(timeline: Timeline, decoder: Decoder, origin: Timeline | None) -> list
         )
     forked = timeline.forked_from
     if forked and origin is not None:
-        at = int(forked.rpartition("@")[2]) if forked.rpartition("@")[2].isdigit() else -1
+        at = whole_number(forked.rpartition("@")[2])
+        at = -1 if at is None else at
         kept = {t.turn: t for t in origin.turns if t.discarded_by is None}
         for turn in timeline.turns:
             if turn.copied_from is not None or turn.turn <= at or turn.discarded_by is not None:

@@ -40,6 +40,7 @@ from rollout_journal.journal.events import (
 )
 from rollout_journal.journal.journal import JournaledEvent, ReadReport
 from rollout_journal.journal.progress import WORK_EVENTS
+from rollout_journal.journal.whole_numbers import whole_number
 from rollout_journal.participants.rollout.state import RolloutState, StateFoldError
 from rollout_journal.replay.errors import NoSuchTurnError
 from rollout_journal.replay.lineage import TokenSegment
@@ -726,7 +727,8 @@ class TimelineBuilder:
         copied = None
         if attempt is not None and attempt.forked_from is not None:
             origin, _, at_turn = attempt.forked_from.rpartition("@")
-            if at_turn.isdigit() and h.turn <= int(at_turn):
+            at = whole_number(at_turn)
+            if at is not None and h.turn <= at:
                 copied = f"{origin}@{h.turn}"
         view = TurnView(
             h.turn,

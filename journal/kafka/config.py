@@ -59,6 +59,7 @@ from urllib.parse import parse_qsl, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rollout_journal.journal.errors import ConfigurationError
+from rollout_journal.journal.whole_numbers import whole_number
 
 ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
 ENV_PREFIX = "ROLLOUT_JOURNAL_KAFKA_"
@@ -199,7 +200,8 @@ class KafkaSettings(BaseModel):
             if not server:
                 raise ValueError(f"bootstrap servers {value!r} hold an empty entry")
             host, port = _host_and_port(server.split("://", 1)[-1])
-            if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+            number = None if port is None else whole_number(port)
+            if port is not None and not (number is not None and 1 <= number <= 65535):
                 raise ValueError(f"bootstrap server {server!r}: port {port!r} is not a number in 1-65535")
             if not host:
                 raise ValueError(f"bootstrap server {server!r} names no host")

@@ -51,6 +51,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from rollout_journal.journal.errors import RolloutJournalError
 from rollout_journal.journal.events import SamplingParams
 from rollout_journal.journal.journal import Journal
+from rollout_journal.journal.whole_numbers import whole_number
 from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.model.generation import TokenChunk
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
@@ -296,7 +297,8 @@ class Gateway:
     async def _body(self, request: Request) -> bytes:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        length = None if declared is None else whole_number(declared)
+        if length is not None and length > limit:
             raise _TooLarge(limit)
         chunks, size = [], 0
         async for piece in request.stream():
@@ -365,7 +367,7 @@ class Gateway:
         return RolloutRef(
             rollout,
             request.headers.get("x-rollout-group", ""),
-            group_size=int(size) if size.isdigit() else 1,
+            group_size=whole_number(size) or 1,
             topology=f"gateway:{self.upstream.policy_version}",
         )
 

@@ -147,6 +147,21 @@ def test_bad_input_gets_a_clear_error_and_journals_nothing(
     assert not list(open_journal(str(tmp_path / "journal"), read_only=True).scan())
 
 
+@pytest.mark.parametrize("value", [b"\xb2", b"9" * 5000], ids=["superscript-two", "5000-digits"])
+def test_a_header_number_int_refuses_is_no_number_not_a_crash(upstream, start_gateway, value: bytes) -> None:
+    """'²' passes ``str.isdigit()`` and 5,000 digits pass it too; ``int()`` refuses both: a
+    group size that is no number the gateway reads is left aside, as any other (before: 500). (A
+    content length like it never reaches the gateway: the HTTP server refuses it.)"""
+    gateway = start_gateway()
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    answer = httpx.post(
+        gateway.url + "/r/r/v1/chat/completions",
+        content=json.dumps(body).encode(),
+        headers={"content-type": "application/json", "x-rollout-group-size": value},
+    )
+    assert answer.status_code == 200, answer.text
+
+
 def test_an_unopened_rollout_is_refused_when_opening_is_required(start_gateway) -> None:
     gateway = start_gateway(require_open=True)
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
