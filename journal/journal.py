@@ -712,17 +712,14 @@ class Journal:
                     continue  # another rollout sharing the partition
                 if cursor is not None and stored.location.offset < cursor.offset:
                     continue
-                if cursor is not None and cursor.after_seq >= 0 and stored.error is None:
-                    try:
-                        # Only a header-led record may be peeked: any other bytes are decoded and reported.
-                        if stored.value is not None and self.codec.record_class(stored.value) in _PEEKABLE:
-                            seq = peek_seq(stored.value)
-                            if seq <= cursor.after_seq:  # covered by the snapshot: skip without decoding
-                                if seq == 0 and first_offsets is not None:
-                                    first_offsets.setdefault(stored.key, stored.location.offset)
-                                continue
-                    except (IndexError, ValueError):
-                        pass  # let the full decode name what is wrong
+                if cursor is not None and cursor.after_seq >= 0:
+                    seq = self._peeked_seq(stored)
+                    if seq is None and first_offsets is not None:  # its first event may lie here, unread
+                        first_offsets.setdefault(stored.key, -1)
+                    elif seq is not None and seq <= cursor.after_seq:  # covered by the snapshot: skip undecoded
+                        if seq == 0 and first_offsets is not None:
+                            first_offsets.setdefault(stored.key, stored.location.offset)
+                        continue
                 item = self._decode(stored, report, chunks)
                 if item is None or item.event.header.rollout_id not in wanted:
                     continue
@@ -732,6 +729,18 @@ class Journal:
                     yield item
             for exc in chunks.unfinished():
                 self._report(exc, report)
+
+    def _peeked_seq(self, stored: StoredRecord) -> int | None:
+        """The seq of a header-led record, read without decoding it; None where it cannot be peeked
+        (unreadable, or another kind of record): the full decode names what is wrong."""
+        if stored.error is not None or stored.value is None:
+            return None
+        try:
+            if self.codec.record_class(stored.value) not in _PEEKABLE:
+                return None
+            return peek_seq(stored.value)
+        except (IndexError, ValueError):
+            return None
 
     def read_rollout(
         self, rollout_id: str, cursor: Cursor = Cursor(), report: ReadReport | None = None

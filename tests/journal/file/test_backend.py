@@ -567,3 +567,18 @@ def test_a_file_journal_has_one_writer_so_partitions_are_neither_taken_nor_relea
             journal.take_partition(0)
         with pytest.raises(ConfigurationError, match="a file journal has one writer; partitions cannot be released"):
             journal.release_partition(0)
+
+
+def test_an_unreadable_record_before_a_rollouts_first_event_leaves_its_first_offset_unknown(tmp_path: Path) -> None:
+    """The restore notes where a rollout's first event (seq 0) lies as it passes over it, for the
+    rollout's summary (where ``replay show`` starts reading). An unreadable record of the rollout
+    before it may be that first event, or its first piece (every piece of a chunked event peeks as
+    seq 0): the offset is then unknown (-1, read from the start), never the later record's."""
+    with Journal(FileBackend(tmp_path / "j")) as j:
+        j.append_sync([started("other", 0)])
+        j.backend.commit([OutRecord(Stream.EVENTS, "a", b"\xc3\x01garbage", "a")])  # as a damaged first piece
+        j.append_sync([started("a", 0), turn_done("a", 1)], SnapshotDraft(header("a", 1), "running", 1, b"s"))
+    with Journal(FileBackend(tmp_path / "j")) as j:
+        history = load_rollouts(j, ReadReport()).rollouts["a"]
+    assert history.snapshot is not None and history.events == []
+    assert history.first_offset == -1
