@@ -69,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import kafka_bootstrap, turn_events  # noqa: E402
-from rollout_journal.journal.backend import partition_for  # noqa: E402
+from rollout_journal.journal.backend import partition_for, summaries_partition  # noqa: E402
 from rollout_journal.journal.codec import Codec  # noqa: E402
 from rollout_journal.journal.events import AttemptStarted, Header, Message  # noqa: E402
 from rollout_journal.journal.kafka.backend import KafkaBackend  # noqa: E402
@@ -110,6 +110,8 @@ def write_journal(location: str, rollouts: int, turns: int, prompt_delta: int, o
     def produce(key: str, value: bytes, topic: str = settings.events_topic, rollout: str | None = "") -> None:
         """``rollout``: whose partition (by default the key's; None: partition 0)."""
         partition = 0 if rollout is None else partition_for(rollout or key, PARTITIONS)
+        if topic == settings.summaries_topic:  # as record_partition places a summary
+            partition = summaries_partition(partition, PARTITIONS)
         while True:
             try:
                 producer.produce(topic, value, key.encode(), partition=partition)

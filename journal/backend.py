@@ -122,9 +122,31 @@ def partition_for(partition_key: str, partitions: int) -> int:
     return zlib.crc32(partition_key.encode()) % partitions
 
 
+EVENT_PARTITIONS_A_SUMMARIES_PARTITION = 8
+
+
+def summaries_partitions(partitions: int) -> int:
+    """How many partitions the summaries stream of a namespace of ``partitions`` has: one for every
+    8 (rounded up). Each commit writes the summaries of the rollouts it holds; a summaries
+    partition per events partition made every transaction span twice the partitions, and a
+    transaction's cost grows with them (its markers, its deliveries): commit p50 30 -> 46 ms for
+    the single writer of 8 partitions, 30 ms with one (``bench/journal_throughput.py``)."""
+    return -(-partitions // EVENT_PARTITIONS_A_SUMMARIES_PARTITION)
+
+
+def summaries_partition(partition: int, partitions: int) -> int:
+    """The summaries partition of events partition ``partition``: neighbours share one, so a worker
+    owning a run of partitions writes few."""
+    return partition * summaries_partitions(partitions) // partitions
+
+
 def record_partition(record: OutRecord, partitions: int) -> int:
-    """The partition ``record`` lands on: its partition key's, or 0 on the one-partition workloads stream."""
-    return 0 if record.stream is Stream.WORKLOADS else partition_for(record.partition_key, partitions)
+    """The partition ``record`` lands on: its partition key's (its summaries partition, for a
+    summary), or 0 on the one-partition workloads stream."""
+    if record.stream is Stream.WORKLOADS:
+        return 0
+    partition = partition_for(record.partition_key, partitions)
+    return summaries_partition(partition, partitions) if record.stream is Stream.SUMMARIES else partition
 
 
 class Backend(ABC):
@@ -202,8 +224,9 @@ class Backend(ABC):
     def read_summaries(
         self, partitions: Collection[int] | None = None, held: list[HeldBack] | None = None
     ) -> Iterator[StoredRecord]:
-        """Every retained record of the summaries stream (of ``partitions`` only, if given), in log
-        order per partition (a backend that ``keeps_summaries``); ``held`` as for :meth:`read_events`."""
+        """Every retained record of the summaries stream (of the summaries partitions of events
+        ``partitions`` only, if given: they hold other rollouts too), in log order per partition (a
+        backend that ``keeps_summaries``); ``held`` as for :meth:`read_events`."""
         raise ConfigurationError(f"a {self.kind} journal keeps no summaries; a listing folds its events")
 
     def read_results(self, partition: int, from_offset: int = 0) -> Iterator[StoredRecord]:

@@ -69,7 +69,15 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
-from rollout_journal.journal.backend import Backend, HeldBack, OutRecord, StoredRecord, Stream, partition_for
+from rollout_journal.journal.backend import (
+    Backend,
+    HeldBack,
+    OutRecord,
+    StoredRecord,
+    Stream,
+    partition_for,
+    summaries_partition,
+)
 from rollout_journal.journal.errors import (
     ClusterUnreachableError,
     ConfigurationError,
@@ -659,15 +667,17 @@ class KafkaBackend(Backend):
     def read_summaries(
         self, partitions: Collection[int] | None = None, held: list[HeldBack] | None = None
     ) -> Iterator[StoredRecord]:
-        """Every retained record of ``<namespace>.summaries`` (of ``partitions`` only, if given; the
-        completeness mark lies on partition 0), in log order per partition; ``held`` as for
-        :meth:`read_events`."""
+        """Every retained record of ``<namespace>.summaries`` (of the summaries partitions of events
+        ``partitions`` only, if given, which hold other partitions' too: ``summaries_partition``;
+        the completeness mark lies on partition 0), in log order per partition; ``held`` as for
+        :meth:`read_events`, naming summaries partitions."""
         self._check_open()
         if not self.keeps_summaries:
             return super().read_summaries(partitions, held)
-        wanted = list(range(self.partitions)) if partitions is None else sorted(partitions)
-        for partition in wanted:
+        for partition in partitions or ():
             self._check_partition(partition)
+        every = range(self.partitions) if partitions is None else partitions
+        wanted = sorted({summaries_partition(p, self.partitions) for p in every})
         if held is None or self.transactional:
             return self.readers.read(self.summaries_topic, wanted, None)
         return self.readers.read_from(self.summaries_topic, dict.fromkeys(wanted), held=held)

@@ -36,6 +36,7 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 
+from rollout_journal.journal.backend import summaries_partitions
 from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import ClusterUnreachableError, ConfigurationError, JournalError
 from rollout_journal.journal.kafka.access import CLUSTER, CLUSTER_TYPE, TOPIC, not_authorized, refusal
@@ -92,8 +93,13 @@ class TopicState:
 
 def topic_partitions(settings: KafkaSettings, topic: str) -> int:
     """How many partitions ``topic`` has: the namespace's count, but one for the workloads topic
-    (a worker follows it with one fetch stream, whatever the partition count)."""
-    return 1 if topic == settings.workloads_topic else settings.partitions
+    (a worker follows it with one fetch stream, whatever the partition count) and one for every 8
+    on the summaries topic (``summaries_partitions``)."""
+    if topic == settings.workloads_topic:
+        return 1
+    if topic == settings.summaries_topic:
+        return summaries_partitions(settings.partitions)
+    return settings.partitions
 
 
 def topic_configs(settings: KafkaSettings) -> dict[str, dict[str, str]]:
@@ -324,10 +330,10 @@ def _check(
             "registration on partition 0): delete it; the next submit creates it again and copies every "
             "registration from the snapshot topic, which keeps them too"
         )
-    if topic != s.workloads_topic and state.partitions != s.partitions:
+    if topic != s.workloads_topic and state.partitions != topic_partitions(s, topic):
         raise ConfigurationError(
-            f"topic {topic} has {state.partitions} partitions but settings.partitions is {s.partitions}; "
-            "records are placed by partition_for(key, partitions), so they must match"
+            f"topic {topic} has {state.partitions} partitions but settings.partitions is {s.partitions}, "
+            f"so it must have {topic_partitions(s, topic)}: records are placed by partition_for(key, partitions)"
         )
     policy, expected = state.configs.get("cleanup.policy"), wanted["cleanup.policy"]
     if policy is not None and set(policy.split(",")) != {expected}:

@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Producer
 
 from bench.common import turn_events
-from rollout_journal.journal.backend import HeldBack, held_back_warnings
+from rollout_journal.journal.backend import HeldBack, held_back_warnings, summaries_partition
 from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.events import AttemptStarted, Header, Message
 from rollout_journal.journal.kafka.backend import KafkaBackend
@@ -71,8 +71,9 @@ def held_journal(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Iterat
         held_events = request.param == "events"
         producer_config = backend.producer_config()
         topic = backend.events_topic if held_events else backend.summaries_topic
-        partition = journal.partition_of("hb-g0-s0")
-        after = same_partition(journal.partition_of, partition, "hb-late-g")
+        events_partition = journal.partition_of("hb-g0-s0")
+        after = same_partition(journal.partition_of, events_partition, "hb-late-g")
+        partition = events_partition if held_events else summaries_partition(events_partition, backend.partitions)
     write_rollout(location, "hb-g0-s0", turns=2)
     # a writer killed inside its transaction: what it produced stays undecided, the LSO stays at its start
     killed = Producer({**producer_config, "transactional.id": f"{topic}-killed"})

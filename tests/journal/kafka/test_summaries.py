@@ -14,7 +14,7 @@ from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.common import turn_events
-from rollout_journal.journal.backend import partition_for
+from rollout_journal.journal.backend import partition_for, summaries_partition, summaries_partitions
 from rollout_journal.journal.codec import Codec
 from rollout_journal.journal.events import AttemptStarted, Header, Message, RolloutEvent, RolloutFailed, RolloutSummary
 from rollout_journal.journal.journal import Journal, ReadReport
@@ -132,6 +132,33 @@ def test_a_listing_is_in_the_same_order_whatever_it_read(kafka_bootstrap: str) -
         summarized, scanned = listings(location)
         assert summarized.read == "summaries"
         assert [row.rollout_id for row in summarized.rows] == [row.rollout_id for row in scanned.rows] == ids
+
+
+def test_summaries_take_one_partition_for_every_eight_of_the_events(kafka_bootstrap: str) -> None:
+    """A transaction spans the summaries partitions of the rollouts it holds: one for every 8 events
+    partitions (neighbours share one) keeps a writer of many partitions from doubling the
+    partitions of its every commit. Each summary lies where readers look for it."""
+    location = f"kafka://{kafka_bootstrap}/sump{uuid.uuid4().hex[:8]}?partitions=12"
+    ids = [f"wide-g{i}-s0" for i in range(24)]
+    with open_journal(location, writer="w0") as journal:
+        for rid in ids:
+            journal.append_sync([start(rid)])
+        for rid in ids:
+            journal.append_sync(turn(rid, 0, 1))
+        backend = journal.backend
+        assert isinstance(backend, KafkaBackend)
+        assert backend.topics[backend.summaries_topic].partitions == summaries_partitions(12) == 2
+        placed = {r.key: r.location.partition for r in backend.read_summaries() if r.key != COMPLETE_KEY}
+        assert placed == {summary_key(rid, 1): summaries_partition(journal.partition_of(rid), 12) for rid in ids}
+        assert set(placed.values()) == {0, 1}
+        for rid in ids:  # one events partition's summaries are read from its summaries partition
+            index = load_summaries(journal.codec, backend.read_summaries([journal.partition_of(rid)]))
+            assert index.summaries[rid].next_turn == 1
+            assert journal.first_offset(rid) == next(
+                r.location.offset for r in backend.read_events(journal.partition_of(rid)) if r.key == rid
+            )
+    summarized, scanned = listings(location)
+    assert summarized.read == "summaries" and rows(summarized) == rows(scanned)
 
 
 def test_a_restore_carries_the_summary_in_the_snapshot_so_the_next_writer_knows_it(location: str) -> None:
