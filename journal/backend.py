@@ -129,8 +129,8 @@ def summaries_partitions(partitions: int) -> int:
     """How many partitions the summaries stream of a namespace of ``partitions`` has: one for every
     8 (rounded up). Each commit writes the summaries of the rollouts it holds; a summaries
     partition per events partition made every transaction span twice the partitions, and a
-    transaction's cost grows with them (its markers, its deliveries): commit p50 30 -> 46 ms for
-    the single writer of 8 partitions, 30 ms with one (``bench/journal_throughput.py``)."""
+    transaction's cost grows with them (its markers, its deliveries): docs/benchmarks.md has the
+    commit latencies measured both ways."""
     return -(-partitions // EVENT_PARTITIONS_A_SUMMARIES_PARTITION)
 
 
