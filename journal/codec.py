@@ -25,6 +25,7 @@ from fastavro import schemaless_reader, schemaless_writer
 from rollout_journal import schemas
 from rollout_journal.journal.errors import CorruptRecordError, RecordLocation, UnknownSchemaError
 from rollout_journal.journal.events import EVENT_TYPES, NESTED_LISTS, NESTED_TYPES, Record
+from rollout_journal.journal.flat_avro import FlatWriter, flat_writer
 from rollout_journal.schemas import SchemaVersion
 
 MAGIC = b"\xc3\x01"
@@ -199,6 +200,17 @@ class Codec:
 
     def encode(self, record: Record) -> bytes:
         return self.encode_with(record, self._current[type(record)])
+
+    def values_encoder(self, cls: type) -> FlatWriter | None:
+        """An encoder of a ``cls`` record from its field values (a tuple, in field order) that writes
+        exactly what :meth:`encode` writes of it, skipping the record and fastavro's generic writer
+        (for the summary each append writes); None where ``cls``'s current schema is not flat or its
+        fields are not the schema's, in order."""
+        version = self._current[cls]
+        names = [f.name for f in dataclasses.fields(cls)]
+        if names != [f["name"] for f in version.parsed["fields"]]:
+            return None
+        return flat_writer(version.parsed, MAGIC + version.fingerprint)
 
     def encode_with(self, record: Record, version: SchemaVersion) -> bytes:
         """Encode with a given (possibly old) writer schema, under its standard

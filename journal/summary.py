@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from rollout_journal.journal.backend import OutRecord, StoredRecord, Stream, compacted
 from rollout_journal.journal.codec import Codec, peek_seq
@@ -89,12 +89,17 @@ class SummaryFold:
         self.crashes.feed(event)
 
     def record(self) -> RolloutSummary:
+        return RolloutSummary(*self.values())
+
+    def values(self, epoch: int | None = None, complete: bool = True) -> tuple[Any, ...]:
+        """The fields of its summary record, in order (what :class:`SummaryWriter` encodes without
+        building the record); ``epoch`` and ``complete`` stand in for those of an incomplete one."""
         p, c = self.progress, self.crashes
-        return RolloutSummary(
+        return (
             p.rollout_id,
             p.group_id,
-            p.epoch,
-            True,
+            p.epoch if epoch is None else epoch,
+            complete,
             p.attempt,
             p.next_turn,
             p.next_seq,
@@ -106,7 +111,7 @@ class SummaryFold:
             p.model_calls,
             p.output_tokens,
             p.mutation_count,
-            list(p.policy_versions),
+            list(p.policy_versions),  # a copy: the fold goes on appending to its own
             p.topology,
             p.failure,
             p.failures,
@@ -152,7 +157,7 @@ class SummaryFold:
 
 def incomplete(rollout_id: str, group_id: str, epoch: int) -> RolloutSummary:
     """The summary of a rollout whose history its writer does not know: a reader folds its events."""
-    return replace(SummaryFold.empty(rollout_id, group_id).record(), epoch=epoch, complete=False)
+    return RolloutSummary(*SummaryFold.empty(rollout_id, group_id).values(epoch, complete=False))
 
 
 class SummaryWriter:
@@ -162,6 +167,7 @@ class SummaryWriter:
 
     def __init__(self, codec: Codec, max_bytes: int | None = None) -> None:
         self.codec = codec
+        self._encode_values = codec.values_encoder(RolloutSummary) or (lambda v: codec.encode(RolloutSummary(*v)))
         # The largest summary record written whole (a record is not chunked): a larger one (a failure
         # carrying a long message) is written incomplete, and a listing folds that rollout's events.
         self.max_bytes = max_bytes
@@ -192,7 +198,7 @@ class SummaryWriter:
         fold = self._folds.get(rollout_id)
         if fold is None or fold.progress.next_seq != covers_seq + 1:
             return None
-        encoded = self.codec.encode(fold.record())
+        encoded = self._encode_values(fold.values())
         return None if self.max_bytes is not None and len(encoded) > self.max_bytes else encoded
 
     def located(self, records: Sequence[OutRecord], locations: Sequence[RecordLocation]) -> None:
@@ -228,8 +234,11 @@ class SummaryWriter:
                 fold = None
         self._folds[rollout_id] = fold
         epoch = max(e.header.epoch for e in events)
-        summary = fold.record() if fold is not None else incomplete(rollout_id, first.group_id, epoch)
-        value = self.codec.encode(summary)
+        value = (
+            self._encode_values(fold.values())
+            if fold is not None
+            else self._incomplete(rollout_id, first.group_id, epoch)
+        )
         if self.max_bytes is not None and len(value) > self.max_bytes:  # the fold stays: it is right, only large
             log.warning(
                 "rollout %s: its summary (%d bytes) is over a record's %d: written incomplete",
@@ -237,7 +246,7 @@ class SummaryWriter:
                 len(value),
                 self.max_bytes,
             )
-            value = self.codec.encode(incomplete(rollout_id, first.group_id, epoch))
+            value = self._incomplete(rollout_id, first.group_id, epoch)
         out = [OutRecord(Stream.SUMMARIES, summary_key(rollout_id, epoch), value, rollout_id)]
         out += [
             OutRecord(Stream.SUMMARIES, summary_key(rollout_id, old), None, rollout_id)
@@ -245,6 +254,9 @@ class SummaryWriter:
             if old < epoch
         ]
         return out
+
+    def _incomplete(self, rollout_id: str, group_id: str, epoch: int) -> bytes:
+        return self._encode_values(SummaryFold.empty(rollout_id, group_id).values(epoch, complete=False))
 
 
 def _starts_rollout(event: RolloutEvent) -> bool:
