@@ -66,8 +66,11 @@ $(VERL_VENV)/.stamp: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/rollout-journal demo
 
+# Two worker processes (pytest-xdist): the suite mostly waits on brokers and processes, so two
+# finish it well before one on two cores; they share one broker and one vLLM engine (tests/support/parallel.py).
+TEST_WORKERS ?= 2
 test: $(VLLM_STAMP)
-	$(PY) -m pytest -q -ra --durations=25
+	$(PY) -m pytest -q -ra --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 bench: $(VLLM_STAMP)
 	$(PY) bench/run_all.py

@@ -19,7 +19,12 @@ import pytest
 # rewritten like a test module's, so a failure there shows its values too.
 pytest.register_assert_rewrite("tests.support")
 
-pytest_plugins = ["tests.support.kafka_fixtures", "tests.support.vllm_fixtures", "tests.support.gateway_fixtures"]
+pytest_plugins = [
+    "tests.support.kafka_fixtures",
+    "tests.support.vllm_fixtures",
+    "tests.support.gateway_fixtures",
+    "tests.support.parallel",
+]
 
 _session_models: str | None = None
 

@@ -116,3 +116,13 @@ def test_no_test_module_repeats_its_folders_name() -> None:
         if path.stem.startswith(f"test_{folder.name}_")
     ]
     assert not wrong, "the folder names the room already; drop the prefix:\n" + "\n".join(wrong)
+
+
+def test_the_parallel_plugin_names_test_modules_that_exist() -> None:
+    """A module renamed away from :mod:`tests.support.parallel`'s lists would start a second vLLM
+    engine on another worker, or go last, and nothing else would say so."""
+    from tests.support.parallel import LONGEST_FIRST, SHARED_VLLM_MODULES, VLLM_UNIT
+
+    named = [*SHARED_VLLM_MODULES, *(unit for unit in LONGEST_FIRST if unit != VLLM_UNIT)]
+    missing = [m for m in named if not (REPO_ROOT / m).is_file()]
+    assert not missing, "tests/support/parallel.py names modules that are not there:\n" + "\n".join(missing)

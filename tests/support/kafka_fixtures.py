@@ -26,6 +26,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,10 @@ from tests.support.summaries_check import assert_summaries_agree
 log = logging.getLogger(__name__)
 
 BOOTSTRAP_ENV_VAR = "KAFKA_BOOTSTRAP_SERVERS"
+# The broker the controller of ``pytest -n`` workers started for them (tests.support.parallel). Not
+# KAFKA_BOOTSTRAP_SERVERS: that one overrides the servers of every kafka:// URL a test or its child
+# processes open, which a test of another cluster or of an unreachable one must not see.
+SHARED_BOOTSTRAP_ENV_VAR = "ROLLOUT_JOURNAL_TEST_SHARED_BOOTSTRAP"
 BROKER_ENV_VAR = "ROLLOUT_JOURNAL_TEST_BROKER"
 BROKER_CHOICES = ("auto", "container", "jars")
 # Set by CI after it set up Docker (or tried to): the Docker path's tests then fail, never skip.
@@ -105,9 +110,14 @@ def require_docker_path(*, engine: bool = True, testcontainers: bool = False, co
     pytest.skip(text)
 
 
-@pytest.fixture(scope="session")
-def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """Bootstrap servers of a Kafka broker shared by the whole session (see module doc)."""
+class NoSessionBroker(Exception):
+    """No broker could be started for the session; the message names every way tried."""
+
+
+@contextmanager
+def session_broker(data_root: Path) -> Iterator[str]:
+    """The session's broker as :func:`choose_session_broker` picks it (its data under ``data_root``),
+    yielding its bootstrap servers; stopped on exit. Raises :class:`NoSessionBroker`."""
     choice, reasons = choose_session_broker()
     if choice == "env":
         yield os.environ[BOOTSTRAP_ENV_VAR].strip()
@@ -117,12 +127,12 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         from rollout_journal.compose.broker.container import start_broker_container
 
         if reasons:  # mode "container" with something missing: no fallback
-            pytest.fail(f"{BROKER_ENV_VAR}=container, but: " + "; ".join(reasons), pytrace=False)
+            raise NoSessionBroker(f"{BROKER_ENV_VAR}=container, but: " + "; ".join(reasons))
         try:
             container = start_broker_container()
         except LocalBrokerError as exc:
             if broker_mode() == "container":
-                pytest.fail(f"the broker container did not start: {exc}", pytrace=False)
+                raise NoSessionBroker(f"the broker container did not start: {exc}") from exc
             log.warning("the broker container did not start (%s); using the jar launcher", exc)
             reasons.append(f"broker container failed: {exc}")
         else:
@@ -132,16 +142,30 @@ def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
     log.info("session broker from Maven jars (%s)", "; ".join(reasons) or "default")
     try:
-        cluster = start_local_cluster(1, tmp_path_factory.mktemp("kafka-local"))
+        cluster = start_local_cluster(1, data_root)
     except LocalBrokerError as exc:
         reasons.append(f"local broker from Maven jars failed: {exc}")
-        pytest.fail(
+        raise NoSessionBroker(
             "No Kafka broker for the tests. Set KAFKA_BOOTSTRAP_SERVERS, start Docker, or "
-            "install java 17+ and mvn. Tried:\n- " + "\n- ".join(reasons),
-            pytrace=False,
-        )
+            "install java 17+ and mvn. Tried:\n- " + "\n- ".join(reasons)
+        ) from exc
     with cluster:
         yield cluster.bootstrap_servers
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Bootstrap servers of a Kafka broker shared by the whole session (see module doc). Under
+    ``pytest -n`` the controller started it for every worker (:mod:`tests.support.parallel`)."""
+    shared = os.environ.get(SHARED_BOOTSTRAP_ENV_VAR, "").strip()
+    if shared:
+        yield shared
+        return
+    try:
+        with session_broker(tmp_path_factory.mktemp("kafka-local")) as bootstrap:
+            yield bootstrap
+    except NoSessionBroker as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 @pytest.fixture

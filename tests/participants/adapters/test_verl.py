@@ -17,7 +17,9 @@ VENV = REPO_ROOT / ".venv-verl"
 
 def verl_python() -> Path:
     if not (VENV / ".stamp").exists():
-        subprocess.run(["make", "-C", str(REPO_ROOT), "venv-verl"], check=True)
+        # -o: never the project's own venv again (it would be rebuilt when pyproject.toml is newer
+        # than its stamp), which the other test worker and its child processes are running from
+        subprocess.run(["make", "-C", str(REPO_ROOT), "-o", ".venv/.installed-stamp", "venv-verl"], check=True)
     subprocess.run(["make", "-s", "-C", str(REPO_ROOT), "namespace"], check=True)
     return VENV / "bin" / "python"
 
