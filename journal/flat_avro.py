@@ -48,11 +48,26 @@ def _long(n: Any) -> bytes:
     return bytes(out)
 
 
-@functools.lru_cache(maxsize=4096)
+MEMO_MAX_CHARS = 256
+"""The longest string the memo keeps: ids and names repeat; a failure's message (megabytes of a
+tool's output) would be kept alive by the memo long after its summary was written."""
+
+
 def _string(s: str) -> bytes:
+    if len(s) > MEMO_MAX_CHARS:
+        return _string_bytes(s)
+    return _short_string(s)
+
+
+def _string_bytes(s: str) -> bytes:
     data = s.encode()
     return _long(len(data)) + data
 
+
+_short_string = functools.lru_cache(maxsize=4096)(_string_bytes)
+
+
+NULLABLE = ("string", "double")  # the nullable types written here; other unions stay on fastavro
 
 _PRIMITIVES: dict[str, str] = {  # how each writes the value {0}; a boolean is its truth, as fastavro writes it
     "string": "_string({0})",
@@ -69,7 +84,9 @@ def _field_expr(avro_type: Any, ref: str) -> str | None:
         template = _PRIMITIVES.get(avro_type)
         return None if template is None else template.format(ref)
     if isinstance(avro_type, list) and len(avro_type) == 2 and avro_type[0] == "null":
-        inner = _field_expr(avro_type[1], ref) if isinstance(avro_type[1], str) else None
+        # Only where a value fastavro's union would not match cannot be written silently instead:
+        # an int union would take a long's 2**40 (a peer refuses it), a long union 1.5 or True.
+        inner = _field_expr(avro_type[1], ref) if avro_type[1] in NULLABLE else None
         # branch 0 (null) is the varint 0, branch 1 the varint 2
         return None if inner is None else f'(b"\\x00" if {ref} is None else b"\\x02" + {inner})'
     if isinstance(avro_type, dict) and avro_type.get("type") == "array" and isinstance(avro_type.get("items"), str):
