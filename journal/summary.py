@@ -155,9 +155,14 @@ class SummaryFold:
         return cls(progress, crashes, r.events, r.first_offset)
 
 
+def incomplete_values(rollout_id: str, group_id: str, epoch: int) -> tuple[Any, ...]:
+    """The fields of the summary of a rollout whose history its writer does not know: a reader folds
+    its events."""
+    return SummaryFold.empty(rollout_id, group_id).values(epoch, complete=False)
+
+
 def incomplete(rollout_id: str, group_id: str, epoch: int) -> RolloutSummary:
-    """The summary of a rollout whose history its writer does not know: a reader folds its events."""
-    return RolloutSummary(*SummaryFold.empty(rollout_id, group_id).values(epoch, complete=False))
+    return RolloutSummary(*incomplete_values(rollout_id, group_id, epoch))
 
 
 class SummaryWriter:
@@ -256,7 +261,7 @@ class SummaryWriter:
         return out
 
     def _incomplete(self, rollout_id: str, group_id: str, epoch: int) -> bytes:
-        return self._encode_values(SummaryFold.empty(rollout_id, group_id).values(epoch, complete=False))
+        return self._encode_values(incomplete_values(rollout_id, group_id, epoch))
 
 
 def _starts_rollout(event: RolloutEvent) -> bool:

@@ -7,8 +7,9 @@ stays shared:
 - **One broker.** The controller starts the session's broker before the workers start and hands
   it to them in ``ROLLOUT_JOURNAL_TEST_SHARED_BOOTSTRAP``, which only ``kafka_bootstrap`` reads
   (each test has its own namespace on it); it is stopped after the last worker finished. Not in
-  ``KAFKA_BOOTSTRAP_SERVERS``: that would override every ``kafka://`` URL a test opens. Where it cannot start one, each worker tries on its own and its
-  Kafka tests fail with the reasons, as without workers.
+  ``KAFKA_BOOTSTRAP_SERVERS``: that would override every ``kafka://`` URL a test opens. Where it
+  cannot start one, each worker tries on its own and its Kafka tests fail with the reasons, as
+  without workers.
 - **One vLLM engine and one vLLM server.** A test module runs whole on one worker (``loadfile``),
   and the modules that use the engine or the server (:data:`SHARED_VLLM_MODULES`) run on the same
   one: the engine and the server start once, as without workers. A module that uses them without
@@ -62,9 +63,13 @@ def workers_asked(config: pytest.Config) -> bool:
     return not hasattr(config, "workerinput") and bool(getattr(config.option, "numprocesses", None))
 
 
+def module_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
 def unit_of(nodeid: str) -> str:
     """The unit of work a test belongs to: its module, or :data:`VLLM_UNIT` for the shared engine's."""
-    module = nodeid.split("::", 1)[0]
+    module = module_of(nodeid)
     return VLLM_UNIT if module in SHARED_VLLM_MODULES else module
 
 
@@ -98,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Refuse a module that uses the shared vLLM engine or server without sharing its unit."""
     strays = sorted(
         {
-            item.nodeid.split("::", 1)[0]
+            module_of(item.nodeid)
             for item in items
             if VLLM_FIXTURES & set(getattr(item, "fixturenames", ())) and unit_of(item.nodeid) != VLLM_UNIT
         }
