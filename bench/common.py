@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import faulthandler
+import io
 import json
 import os
+import signal
 import statistics
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +38,26 @@ def kafka_bootstrap() -> Iterator[str]:
             yield cluster.bootstrap_servers
         finally:
             cluster.stop()
+
+
+def dump_stacks_on(signum: int = signal.SIGUSR1) -> None:
+    """On ``signum``, print every thread's stack and every task of the running event loop to
+    stderr and carry on: a run that hangs waits in ``select()`` with every thread idle, and only
+    the tasks' stacks say what it waits for. The smoke tests send it before they kill a child
+    that ran past its time."""
+
+    def dump(_signum: int, _frame: object) -> None:
+        faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        try:
+            tasks = asyncio.all_tasks(asyncio.get_running_loop())
+        except RuntimeError:  # no loop runs now
+            tasks = set()
+        for task in tasks:
+            text = io.StringIO()
+            task.print_stack(file=text)
+            print(text.getvalue(), file=sys.stderr, flush=True)
+
+    signal.signal(signum, dump)
 
 
 def percentile(values: list[float], q: float) -> float:

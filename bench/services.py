@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import bootstrap_median_interval, median, pauses_taken, percentile, print_report  # noqa: E402
+from bench.common import bootstrap_median_interval, dump_stacks_on, median, pauses_taken, percentile, print_report  # noqa: E402
 from rollout_journal.participants.remote.protocol import TOKEN_ENV_VAR  # noqa: E402
 from rollout_journal.participants.workload.config import WorkloadConfig  # noqa: E402
 from rollout_journal.participants.workload.run import build_backend, open_workload_journal  # noqa: E402
@@ -342,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results-tokens", type=int, default=2048, help="tokens per training record")
     parser.add_argument("--only", default=",".join(SECTIONS), help=f"sections: {', '.join(SECTIONS)}")
     args = parser.parse_args(argv)
+    dump_stacks_on()
     only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = set(only) - set(SECTIONS)
     if unknown:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,19 +15,31 @@ import pytest
 
 from tests.support.paths import REPO_ROOT
 
+STACK_DUMP_S = 3.0  # how long a bench run past its time gets to print its stacks before it is killed
+
 
 def bench_report(script: str, *args: str, timeout_s: float, env: dict[str, str] | None = None) -> Any:
     """``bench/<script> --json ARGS`` run as a user runs it (its own process, tiny sizes): its
-    JSON report; a failed run shows the end of its stderr."""
-    done = subprocess.run(
+    JSON report; a failed run shows the end of its stderr. One still running after ``timeout_s``
+    is sent SIGUSR1 first (a bench that called ``dump_stacks_on`` prints its threads and tasks),
+    then killed: the failure shows where it waited."""
+    with subprocess.Popen(
         [sys.executable, str(REPO_ROOT / "bench" / script), "--json", *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=timeout_s,
         env=env,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    ) as child:
+        try:
+            stdout, stderr = child.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            child.send_signal(signal.SIGUSR1)
+            time.sleep(STACK_DUMP_S)
+            child.kill()
+            stdout, stderr = child.communicate()
+            raise AssertionError(f"bench/{script} ran past {timeout_s} s; its stacks:\n{stderr[-12000:]}") from None
+    assert child.returncode == 0, stderr[-3000:]
+    return json.loads(stdout)
 
 
 @pytest.mark.slow

@@ -364,8 +364,9 @@ class GroupOwnership:
         describer = self._describer
         assert describer is not None
         while True:
-            try:
-                await asyncio.wait_for(self._look.wait(), timeout=30)
+            try:  # asyncio.timeout: 3.11's wait_for can swallow the cancellation that stops this loop
+                async with asyncio.timeout(30):
+                    await self._look.wait()
             except TimeoutError:
                 pass
             self._look.clear()

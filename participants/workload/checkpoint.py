@@ -87,7 +87,8 @@ class CoordinatedCheckpointer:
         self.agent.turn_boundary.clear()
         try:
             try:  # admitted calls finish; a slow or hung one must not hold every rollout
-                await asyncio.wait_for(self.model.gate.drained(), self.prepare_timeout_s)
+                async with asyncio.timeout(self.prepare_timeout_s):  # never wait_for: see _park
+                    await self.model.gate.drained()
             except TimeoutError:
                 report.aborted_calls = self.model.gate.abort_in_flight()
                 log.warning(
@@ -127,8 +128,12 @@ class CoordinatedCheckpointer:
 
     async def _park(self, rollouts: list[LiveRollout], report: CheckpointReport) -> list[LiveRollout]:
         async def parked(live: LiveRollout) -> bool:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result when it is
+            # cancelled just as the wait completed, and a checkpoint that swallowed the run's
+            # cancellation went on to the next one while the run's end waited for it for ever.
             try:
-                await asyncio.wait_for(live.at_boundary.wait(), self.prepare_timeout_s)
+                async with asyncio.timeout(self.prepare_timeout_s):
+                    await live.at_boundary.wait()
                 return True
             except TimeoutError:
                 report.skipped[live.spec.rollout_id] = f"not at a turn boundary within {self.prepare_timeout_s}s"

@@ -110,6 +110,38 @@ def test_a_rollout_not_at_a_turn_boundary_in_time_is_skipped_not_fatal(tmp_path:
     asyncio.run(scenario())
 
 
+def test_a_checkpoint_cancelled_at_any_step_ends_cancelled(tmp_path: Path) -> None:
+    """A run's end cancels its periodic checkpoints and waits for them. Python 3.11's
+    ``asyncio.wait_for`` returns the awaited result when it is cancelled just as that completed;
+    a checkpoint that swallowed its cancellation so went on to the next one, and the run's end
+    waited for it for ever (the services bench hung so). Cancelled after any number of loop steps,
+    a checkpoint ends cancelled or had already returned."""
+    config = coordinated(tmp_path, name="cocancel")
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            checkpointer = runner_for(config, journal).checkpointer
+            assert checkpointer is not None
+            cancelled_while_running = 0
+            gate = checkpointer.model.gate
+            for steps in range(12):
+                call = await gate.admit()  # a model call in flight: the checkpoint waits for it
+                task = asyncio.create_task(checkpointer.checkpoint([]))
+                await asyncio.sleep(0)
+                gate.release(call)  # the call ends; the run ends a few steps later
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                if not task.cancel():
+                    continue  # it had returned already
+                cancelled_while_running += 1
+                done, _ = await asyncio.wait([task], timeout=30)
+                assert done, f"cancelled after {steps} loop steps, the checkpoint did not end"
+                assert task.cancelled(), f"cancelled after {steps} loop steps, it returned {task.result()}"
+            assert cancelled_while_running, "no step cancelled the checkpoint while it ran"
+
+    asyncio.run(scenario())
+
+
 def _seed_with_an_early_finisher() -> int:
     for seed in range(60):
         config = WorkloadConfig(
