@@ -184,6 +184,11 @@ class VllmEngine:
             for kind, arg in commands:
                 if kind == "call":
                     fn, done = arg
+                    # Its caller may have given up while the engine stepped (a swap's timeout): run it
+                    # only if it is not cancelled, and from then on it cannot be (a cancelled future
+                    # refuses its result: the error killed this thread, and every later call hung).
+                    if not done.set_running_or_notify_cancel():
+                        continue
                     try:
                         done.set_result(fn(self.engine))
                     except Exception as exc:  # handed to the caller

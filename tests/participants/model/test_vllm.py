@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -266,3 +267,25 @@ def test_a_long_generation_killed_midway_continues_from_its_journaled_prefix(
 @pytest.mark.parametrize("scenario", list(SCENARIOS.values()), ids=list(SCENARIOS))
 def test_the_recovery_scenarios_hold_on_vllm(scenario, model: ModelConfig, tmp_path: Path) -> None:
     scenario(str(tmp_path / "journal"), model)
+
+
+def test_a_call_cancelled_before_the_engine_ran_it_is_skipped_and_the_engine_runs_on(vllm_engine) -> None:
+    """A weight swap whose caller gave up (a timeout, a shutdown) cancels its call while the
+    engine thread is busy. The engine thread used to run it anyway, fail to hand a result to the
+    cancelled future, and die: every later model call waited for ever."""
+    busy, release = threading.Event(), threading.Event()
+
+    def hold(engine) -> str:
+        busy.set()
+        assert release.wait(60), "the test never released the engine thread"
+        return "held"
+
+    ran = []
+    first = vllm_engine.call(hold)
+    assert busy.wait(60), "the engine thread did not take the first call"
+    given_up = vllm_engine.call(lambda engine: ran.append("given up"))
+    assert given_up.cancel()
+    release.set()
+    assert first.result(60) == "held"
+    assert vllm_engine.call(lambda engine: "alive").result(60) == "alive"
+    assert ran == [], "a call cancelled before the engine got to it ran anyway"
