@@ -486,16 +486,29 @@ class StreamingFollower:
         self._batch = batch
         self._consumer.assign([TopicPartition(topic, p, offsets.get(p, OFFSET_BEGINNING)) for p in range(partitions)])
         self._position: dict[int, int] = {}  # partition -> next offset to hand on (assign() keeps them)
+        # Owners poll it on a worker thread and close it on another once cancelled: librdkafka must not
+        # close a consumer that another thread polls (confluent-kafka-python #1797), so close() waits
+        # for a poll in flight (at most its timeout) and a poll after it hands on nothing.
+        self._use = threading.Lock()
+        self._closed = False
 
     def assign(self, starts: dict[int, int | None]) -> None:
         """Follow exactly these partitions: one followed already goes on where it is, a new one starts
         at its offset (None: the log start)."""
         wanted = {p: self._position.get(p, OFFSET_BEGINNING if o is None else o) for p, o in starts.items()}
-        self._position = {p: o for p, o in self._position.items() if p in wanted}
-        self._consumer.assign([TopicPartition(self._topic, p, o) for p, o in sorted(wanted.items())])
+        with self._use:
+            if self._closed:
+                return
+            self._position = {p: o for p, o in self._position.items() if p in wanted}
+            self._consumer.assign([TopicPartition(self._topic, p, o) for p, o in sorted(wanted.items())])
 
     def poll(self, timeout_s: float) -> list[StoredRecord]:
-        """What was committed since the last poll, in order per partition; waits up to ``timeout_s``."""
+        """What was committed since the last poll, in order per partition; waits up to ``timeout_s``
+        (nothing once closed)."""
+        with self._use:
+            return [] if self._closed else self._poll(timeout_s)
+
+    def _poll(self, timeout_s: float) -> list[StoredRecord]:
         records: list[StoredRecord] = []
         first = self._consumer.poll(timeout_s)  # consume() would wait out its timeout for a full batch
         if first is None:
@@ -517,7 +530,12 @@ class StreamingFollower:
         return records
 
     def close(self) -> None:
-        close_client(self._consumer)
+        """Close the consumer once no poll is in flight (one waits at most its timeout)."""
+        with self._use:
+            if self._closed:
+                return
+            self._closed = True
+            close_client(self._consumer)
 
 
 class CatchUpFollower:
