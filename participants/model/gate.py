@@ -34,6 +34,7 @@ run, which attempt and policy version generated them (``segments``).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -61,6 +62,8 @@ from rollout_journal.participants.model.generation import (
     TokenChunk,
 )
 from rollout_journal.participants.rollout import ModelCallView, extended_segments, prompt_digest
+
+log = logging.getLogger(__name__)
 
 
 class PromptLineageError(BackendError):
@@ -170,6 +173,7 @@ class ModelParticipant:
     def __init__(self, backend: GenerationBackend, *, max_in_flight: int = 8) -> None:
         self.backend = backend
         self.gate = AdmissionGate(max_in_flight)
+        self._swaps: set[asyncio.Future[None]] = set()  # weight swaps under way (see sync_weights)
 
     async def sync_weights(
         self, version: str, swap: WeightSwap, *, in_flight: Literal["finish", "abort"] = "finish"
@@ -180,12 +184,33 @@ class ModelParticipant:
         weights and name them; ``abort``: they stop at once and continue from their tokens once
         the gate opens, so their runs split exactly at the swap. Then ``swap()`` (e.g. a backend's
         ``reload_swap(folder)``), the backend's ``set_policy_version(version)``, and the gate opens.
-        A failed swap leaves the old name and opens the gate."""
+        A failed swap leaves the old name and opens the gate.
+
+        Once the swap has begun, cancelling this call does not stop it: a swap's work may go on
+        where cancelling cannot reach (vLLM's engine thread, a load in a thread), so the gate
+        stays closed until the swap ends and opens under the name of what it loaded. Cancelled
+        before that (while admitted calls finish), nothing is swapped."""
         self.gate.close()
         try:
             if in_flight == "abort":
                 self.gate.abort_in_flight()
             await self.gate.drained()
+        except BaseException:
+            self.gate.open()
+            raise
+        swapping = asyncio.ensure_future(self._swap_then_open(version, swap))
+        self._swaps.add(swapping)  # held: a cancelled caller no longer holds it
+        swapping.add_done_callback(self._swap_ended)
+        await asyncio.shield(swapping)
+
+    def _swap_ended(self, swapping: asyncio.Future[None]) -> None:
+        """A swap's failure is its caller's error; said here too, for a caller that gave up before it."""
+        self._swaps.discard(swapping)
+        if not swapping.cancelled() and swapping.exception() is not None:
+            log.warning("weight swap failed; the old weights keep their name: %r", swapping.exception())
+
+    async def _swap_then_open(self, version: str, swap: WeightSwap) -> None:
+        try:
             await swap()
             self.backend.set_policy_version(version)
         finally:

@@ -5,6 +5,7 @@ are those weights' (recomputed with transformers from the folder each record nam
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import pytest
 from rollout_journal.journal.events import ModelCall, OutputSegment
 from rollout_journal.journal.open import open_journal
 from rollout_journal.participants.model.folders import policy_version_of
+from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.model.generation import GenerationRequest, TokenChunk
 from rollout_journal.participants.model.tiny_model import model_folder, tiny_model_dir
 from rollout_journal.participants.model.torch_backend import TorchPolicy
@@ -139,6 +141,46 @@ def test_a_weight_sync_between_calls_names_the_new_weights_from_the_next_call_on
     assert set(versions[:first_new]) == {SEED0} and set(versions[first_new:]) == {SEED1}  # never back
     assert all(c.policy_version == SEED0 for c in calls if c.header.turn == 0 and c.call_id.startswith("ws-g0-s0"))
     assert_each_run_is_the_named_weights(config)
+
+
+def test_a_weight_sync_cancelled_mid_swap_names_the_weights_the_swap_loaded() -> None:
+    """A swap whose work cannot be stopped (a reload on vLLM's engine thread, a load in a thread)
+    goes on when the sync's caller gives up (a timeout, a shutdown). It used to reopen the gate at
+    once under the old name while the new weights loaded: every token after that was labelled
+    with weights that did not sample it. The gate now stays closed until the swap is done, and
+    opens under the name of the weights it loaded."""
+    backend = TorchPolicy(tiny_model_dir(0))
+    model = ModelParticipant(backend)
+    started, release = threading.Event(), threading.Event()
+
+    def load_slowly() -> None:
+        started.set()
+        assert release.wait(60), "the test never let the load finish"
+        backend.load_weights(tiny_model_dir(1))
+
+    async def swap() -> None:
+        await asyncio.to_thread(load_slowly)
+
+    async def scenario() -> None:
+        sync = asyncio.create_task(model.sync_weights(SEED1, swap))
+        while not started.is_set():
+            await asyncio.sleep(0.01)
+        sync.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await sync
+        admitted = asyncio.create_task(model.gate.admit())
+        await asyncio.sleep(0.2)
+        assert not admitted.done(), "a call was admitted while the new weights were loading"
+        release.set()
+        ticket = await asyncio.wait_for(admitted, 60)
+        model.gate.release(ticket)
+        assert backend.policy_version == SEED1, "the weights loaded are seed 1's; they must be named so"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        release.set()
+        backend.load_weights(tiny_model_dir(0))
 
 
 def test_a_call_aborted_by_a_weight_sync_is_continued_and_its_runs_name_each_weights(tmp_path: Path) -> None:
