@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from rollout_journal.journal.errors import ConfigurationError, RolloutJournalError
 from rollout_journal.participants.environments.tasks import Task
@@ -293,7 +294,9 @@ class Environment(ABC):
         if self.recovery is Recovery.RESTART_ONLY:
             return {}
         resources = [r for r in self.resources.values() if r.supports_export]
-        states = await asyncio.gather(*(asyncio.to_thread(r.export_state) for r in resources))
+        states = await asyncio.gather(
+            *(in_daemon_thread(r.export_state, f"export {self.rollout_id} {r.resource_id}") for r in resources)
+        )
         return {r.resource_id: state for r, state in zip(resources, states)}
 
     async def aend_checkpoint(self, epoch: int, committed: bool) -> None:
@@ -371,3 +374,36 @@ class Environment(ABC):
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+_T = TypeVar("_T")
+
+
+async def in_daemon_thread(fn: Callable[[], _T], name: str) -> _T:
+    """``fn()`` on a daemon thread of its own. A caller may give up on it (a coordinated
+    checkpoint's prepare timeout skips an export that does not end): such a thread runs on, and
+    neither the event loop's end nor the process's exit waits for it, as both do for every thread
+    of asyncio's default executor (``asyncio.to_thread``), without a bound."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[_T] = loop.create_future()
+
+    def settle(result: _T | None, error: BaseException | None) -> None:
+        if done.done():  # its caller gave up
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(result)  # type: ignore[arg-type]  # no error: fn returned it
+
+    def run() -> None:
+        try:
+            outcome: tuple[_T | None, BaseException | None] = (fn(), None)
+        except BaseException as exc:  # handed to the awaiting caller
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is closed: nobody waits for it any more
+            pass
+
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return await done

@@ -4,6 +4,7 @@ here in a real resource server process (fault injection on) reached over HTTP.""
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,6 +141,41 @@ def test_a_checkpoint_cancelled_at_any_step_ends_cancelled(tmp_path: Path) -> No
             assert cancelled_while_running, "no step cancelled the checkpoint while it ran"
 
     asyncio.run(scenario())
+
+
+def test_an_export_given_up_on_does_not_hold_up_the_end_of_the_run(tmp_path: Path) -> None:
+    """A local export stuck past the prepare timeout is skipped and left running. It ran on
+    asyncio's default executor, whose threads ``asyncio.run`` waits for at its end with no
+    bound: the run that gave up on the export waited for it anyway. Exports now run on daemon
+    threads of their own, so the run ends while the stuck export still waits."""
+    config = coordinated(tmp_path, name="costuck", prepare_timeout_s=0.2)
+    stuck, release, export_ended = threading.Event(), threading.Event(), threading.Event()
+
+    def stuck_export() -> bytes:
+        stuck.set()
+        release.wait(60)
+        export_ended.set()
+        return b""
+
+    async def scenario() -> None:
+        with open_journal(config.journal) as journal:
+            runner = runner_for(config, journal)
+            run = asyncio.create_task(runner.run(resume=False))
+            await until(lambda: bool(runner.live) and all(l.state.next_turn >= 1 for l in runner.live.values()))
+            live = next(iter(runner.live.values()))
+            resource = next(r for r in live.env.resources.values() if r.supports_export)
+            original, resource.export_state = resource.export_state, stuck_export  # type: ignore[method-assign]
+            report = await runner.checkpointer.checkpoint(runner.live.values())
+            resource.export_state = original  # type: ignore[method-assign]  # only that export is stuck
+            assert live.spec.rollout_id in report.skipped, report
+            await run
+
+    try:
+        asyncio.run(scenario())
+        assert stuck.is_set()
+        assert not export_ended.is_set(), "the run's end waited for the export it had given up on"
+    finally:
+        release.set()
 
 
 def _seed_with_an_early_finisher() -> int:
