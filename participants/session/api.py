@@ -251,6 +251,7 @@ class RolloutSession:
         self._pending: list[Future[Any]] = []  # appends not yet known durable (turn ends, progress marks)
         self._turns_since_snapshot = 0
         self._effect: asyncio.Task[Any] | None = None  # the task making an effect now (cancelled when fenced)
+        self._fence_cancelled: asyncio.Task[Any] | None = None  # the effect a fence cancelled (see _one_effect)
         self.first_replay_s: float | None = None  # monotonic times: the first effect answered from the journal,
         self.first_live_s: float | None = None  # and the first one made live (how fast a re-drive catches up)
 
@@ -338,15 +339,18 @@ class RolloutSession:
         """Run one effect under the session's lock; a fence while it runs cancels it (nothing of it
         that was not yet handed to the journal is applied)."""
         async with self._lock:
-            self._effect = asyncio.current_task()
+            task = self._effect = asyncio.current_task()
             try:
                 return await effect
             except asyncio.CancelledError:
-                if self._stale is not None:
-                    raise self._stale from None
+                # Only the fence's own cancellation becomes the stale-attempt error, taken back so none
+                # stays pending on the task; one from outside as well (a shutdown) stays a cancellation.
+                stale = self._stale
+                if stale is not None and task is not None and self._fence_cancelled is task and task.uncancel() == 0:
+                    raise stale from None
                 raise
             finally:
-                self._effect = None
+                self._effect = self._fence_cancelled = None
 
     async def _model_call(self, request: ModelRequest, on_tokens: TokenSink | None) -> ModelAnswer:
         self._check_usable()
@@ -691,6 +695,7 @@ class RolloutSession:
         if self._stale is None:
             self._stale = StaleAttemptError(self.rollout_id, self.attempt, self.epoch, current_epoch, by)
             if self._effect is not None and self._effect is not asyncio.current_task():
+                self._fence_cancelled = self._effect
                 self._effect.cancel()
 
     def _revisions(self) -> dict[str, int]:

@@ -391,3 +391,43 @@ def test_a_rollout_given_up_through_its_session_never_pins_the_trainer(tmp_path:
         assert list(feed.groups(idle_timeout_s=1, poll_s=0.2)) == []
         [dropped] = feed.dropped()
         assert (dropped.group_id, dropped.given_up) == ("g", ("r1",)) and feed.waiting() == []
+
+
+def test_a_fence_during_an_effect_is_a_stale_attempt_and_an_outside_cancellation_stays_one(
+    tmp_path: Path, upstream
+) -> None:
+    """A fence cancels the effect under way and the agent gets ``StaleAttemptError``, with no
+    cancellation left pending on its task (an ``asyncio.timeout`` after it would misread one).
+    A cancellation from outside (the loop's shutdown) that meets a fence stays a cancellation:
+    it used to be turned into the stale-attempt error and lost."""
+    journal = open_journal(str(tmp_path / "j"))
+    f = factory(journal, upstream)
+
+    async def holding_tool(session, entered: asyncio.Event) -> str:
+        async def run(ctx):
+            entered.set()
+            await asyncio.Event().wait()  # a tool that takes long: the fence comes while it runs
+            return ToolOutcome({})
+
+        try:
+            await session.tool_call(ToolRequest("counter", "increment", {"by": 1}), run)
+        except StaleAttemptError:
+            return f"stale, cancellations pending: {asyncio.current_task().cancelling()}"
+        return "answered"
+
+    async def scenario() -> None:
+        for rollout, from_outside in (("fenced", False), ("shut-down", True)):
+            session = await f.open(RolloutRef(rollout))
+            entered = asyncio.Event()
+            task = asyncio.create_task(holding_tool(session, entered))
+            await entered.wait()
+            session.fence(session.epoch + 1, by="a test")
+            if from_outside:
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+            else:
+                assert await task == "stale, cancellations pending: 0"
+
+    asyncio.run(scenario())
+    journal.close()
