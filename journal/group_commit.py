@@ -320,6 +320,8 @@ class GroupCommitter:
         for pending, recs in built:
             partitions = {partition_for(r.partition_key, n) for r in recs}
             if len(partitions) > 1:
+                if not pending.future.running():
+                    continue  # its caller gave up on it: nothing to tell (its records are not written)
                 pending.future.set_exception(
                     ValueError(
                         f"an append spans partitions {sorted(partitions)}; with one writer per partition an append "

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rollout_journal.journal.backend import OutRecord, Stream
+from rollout_journal.journal.backend import OutRecord, Stream, partition_for
 from rollout_journal.journal.errors import JournalClosedError, PartitionRevokedError
 from rollout_journal.journal.file.backend import FileBackend
 from rollout_journal.journal.group_commit import CommitFuture, GroupCommitter
@@ -189,3 +189,38 @@ def test_commits_keep_the_interval_however_often_appends_are_waited_for(tmp_path
     gaps = [b - a for a, b in zip(started, started[1:])]
     assert gaps and min(gaps) >= 0.2 - 1e-3, gaps  # the clock's own resolution aside
     assert len(started) < 20 and max(r.batch_appends for r in receipts) > 1
+
+
+def test_an_append_spanning_partitions_whose_caller_gave_up_fails_alone(tmp_path: Path) -> None:
+    """On a backend that commits per partition, an append spanning partitions (a caller's bug)
+    fails alone. When its caller had cancelled its future first, failing it raised in the
+    committer thread, which stopped the whole journal: every later append was refused."""
+    backend = FileBackend(tmp_path / "journal", fsync=False)
+    # The committer's split reads only these two: a fleet member's Kafka backend, as far as it sees.
+    backend.writes_per_partition, backend.partitions = True, 4
+    committer = committer_over(backend)
+    keys = [f"r{i}" for i in range(64)]
+    first, other = (
+        keys[0],
+        next(k for k in keys if partition_for(k, backend.partitions) != partition_for(keys[0], backend.partitions)),
+    )
+    building, release = threading.Event(), threading.Event()
+
+    def held() -> list[OutRecord]:
+        building.set()
+        assert release.wait(30), "the test never released the committer"
+        return [OutRecord(Stream.EVENTS, first, b"turn", first)]
+
+    try:
+        holding = committer.submit(held)
+        assert building.wait(30)
+        spanning = committer.submit(lambda: [OutRecord(Stream.EVENTS, k, b"turn", k) for k in (first, other)])
+        assert spanning.cancel()  # its caller gave up while the committer was busy
+        release.set()
+        holding.result(30)
+        after = committer.submit(lambda: [OutRecord(Stream.EVENTS, first, b"next turn", first)])
+        assert len(after.result(30).locations) == 1, "the journal stopped after one caller's cancelled append"
+    finally:
+        release.set()
+        committer.close()
+        backend.close()
