@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import kafka_bootstrap, print_report  # noqa: E402
+from bench.common import dump_stacks_on, kafka_bootstrap, print_report  # noqa: E402
 from bench.support.servers import started, stop  # noqa: E402
 
 
@@ -96,6 +96,7 @@ def main() -> None:
     parser.add_argument("--interval-ms", type=float, default=100.0)
     parser.add_argument("--bootstrap", help="an existing broker (default: $KAFKA_BOOTSTRAP_SERVERS or a local one)")
     args = parser.parse_args()
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     settings = {"without": 0.0, "with": args.interval_ms}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in settings}
     from rollout_journal.participants.model.tiny_model import tiny_model_dir

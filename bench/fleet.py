@@ -63,7 +63,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import print_report  # noqa: E402
+from bench.common import dump_stacks_on, print_report  # noqa: E402
 from rollout_journal.journal.backend import partition_for  # noqa: E402
 from rollout_journal.journal.events import TurnCompleted  # noqa: E402
 from rollout_journal.journal.kafka.config import KafkaSettings  # noqa: E402
@@ -440,6 +440,7 @@ def main() -> int:
     parser.add_argument("--handoff-turn-s", type=float, default=60.0)
     parser.add_argument("--smoke", action="store_true", help="the suite's cheap run (see the module docstring)")
     args = parser.parse_args()
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     global REPLICATION
     if args.smoke:
         REPLICATION = ""

@@ -82,7 +82,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import print_report  # noqa: E402
+from bench.common import dump_stacks_on, print_report  # noqa: E402
 from bench.fleet import audit_figures, cluster_for, kill_brokers, session_timeout_seconds  # noqa: E402
 from bench.idle_requests import socket_counters  # noqa: E402
 from bench.support.servers import started, stop  # noqa: E402
@@ -446,6 +446,7 @@ def main() -> int:
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--members-here", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     if args.host:
         host_main(args)
         return 0

@@ -35,6 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import dump_stacks_on  # noqa: E402
 from bench.support.chat_load import run_load  # noqa: E402
 from bench.support.servers import started, stop  # noqa: E402
 
@@ -152,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-peer", action="store_true")
     parser.add_argument("--skip-drill", action="store_true")
     args = parser.parse_args(argv)
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     if args.quick:
         args.streams, args.reps = 8, 1
     from rollout_journal.participants.model.tiny_model import tiny_model_dir

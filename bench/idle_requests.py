@@ -37,7 +37,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import kafka_bootstrap, print_report  # noqa: E402
+from bench.common import dump_stacks_on, kafka_bootstrap, print_report  # noqa: E402
 
 _SOCKET_COUNTERS = re.compile(r"\b(data_segs_out|bytes_received):(\d+)")
 
@@ -144,6 +144,7 @@ def main() -> None:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     if args.child:
         args.partitions = args.partitions[0]
         child_main(args)

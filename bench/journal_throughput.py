@@ -31,7 +31,7 @@ from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import kafka_bootstrap, median, percentile, turn_events  # noqa: E402
+from bench.common import dump_stacks_on, kafka_bootstrap, median, percentile, turn_events  # noqa: E402
 from rollout_journal.journal.backend import partition_for  # noqa: E402
 from rollout_journal.journal.codec import Codec  # noqa: E402
 from rollout_journal.journal.file.backend import FileBackend  # noqa: E402
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--linger-ms", type=float, default=5.0, help="journal group-commit window")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
 
     turns = workload(args.rollouts, args.turns)
     codec = Codec()

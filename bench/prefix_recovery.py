@@ -67,7 +67,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import bootstrap_median_interval, median  # noqa: E402
+from bench.common import bootstrap_median_interval, dump_stacks_on, median  # noqa: E402
 from rollout_journal.journal.events import ModelCall, ModelCallProgress  # noqa: E402
 from rollout_journal.journal.journal import ReadReport  # noqa: E402
 from rollout_journal.journal.open import open_journal  # noqa: E402
@@ -472,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(SECTIONS), help="sections to run: crash,overhead")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)  # internal: the workload child
     args = parser.parse_args(argv)
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     if args.child:
         return child_main(*args.child)
     sections = set(args.only.split(","))

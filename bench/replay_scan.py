@@ -68,7 +68,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import kafka_bootstrap, turn_events  # noqa: E402
+from bench.common import dump_stacks_on, kafka_bootstrap, turn_events  # noqa: E402
 from rollout_journal.journal.backend import partition_for, summaries_partition  # noqa: E402
 from rollout_journal.journal.codec import Codec  # noqa: E402
 from rollout_journal.journal.events import AttemptStarted, Header, Message  # noqa: E402
@@ -408,6 +408,7 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--traced", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     if args.child:
         child(args.child, args.traced)
         return 0

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
-from bench.common import kafka_bootstrap, median, print_report  # noqa: E402
+from bench.common import dump_stacks_on, kafka_bootstrap, median, print_report  # noqa: E402
 from rollout_journal.journal.backend import OutRecord, Stream  # noqa: E402
 from rollout_journal.journal.events import (  # noqa: E402
     AttemptStarted,
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait-s", type=float, default=300, help="the longest wait for the cleaner")
     parser.add_argument("--bootstrap", help="a broker (default: KAFKA_BOOTSTRAP_SERVERS, else one started here)")
     args = parser.parse_args(argv)
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     with kafka_bootstrap() if args.bootstrap is None else contextlib.nullcontext(args.bootstrap) as bootstrap:
         run = uuid.uuid4().hex[:6]
         extra: dict = {"snapshot_min_cleanable_dirty_ratio": args.dirty_ratio}

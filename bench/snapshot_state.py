@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import median, print_report, turn_events  # noqa: E402
+from bench.common import dump_stacks_on, median, print_report, turn_events  # noqa: E402
 from rollout_journal.journal.events import AttemptStarted, Header  # noqa: E402
 from rollout_journal.participants.rollout.state import STATE_MAGIC, RolloutState, _unpacked  # noqa: E402
 
@@ -104,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=200, help="calls timed per round")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    dump_stacks_on()  # SIGUSR1: its threads' and tasks' stacks (a hang's where)
     report = {f"turns_{n}": measure(int(n), args.rounds, args.repeat) for n in args.turns.split(",")}
     print_report(report, args.json)
     return 0
