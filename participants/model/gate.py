@@ -119,6 +119,7 @@ class AdmissionGate:
         self._slots = asyncio.Semaphore(max_in_flight)
         self._open = asyncio.Event()
         self._open.set()
+        self._closers = 0  # closings not yet opened again (a checkpoint and a weight swap may overlap)
         self._tickets: set[_Ticket] = set()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -143,10 +144,16 @@ class AdmissionGate:
             self._idle.set()
 
     def close(self) -> None:
+        """Hold new calls back until this closing is opened again, and every other one too: each
+        closer opens only its own (a checkpoint's end must not open a gate a weight swap holds)."""
+        self._closers += 1
         self._open.clear()
 
     def open(self) -> None:
-        self._open.set()
+        """Open one closing; the gate opens when none is left."""
+        self._closers = max(0, self._closers - 1)
+        if self._closers == 0:
+            self._open.set()
 
     async def drained(self) -> None:
         """Wait until every admitted call has finished (or was aborted)."""
@@ -174,6 +181,7 @@ class ModelParticipant:
         self.backend = backend
         self.gate = AdmissionGate(max_in_flight)
         self._swaps: set[asyncio.Future[None]] = set()  # weight swaps under way (see sync_weights)
+        self._syncing = asyncio.Lock()  # one weight sync at a time
 
     async def sync_weights(
         self, version: str, swap: WeightSwap, *, in_flight: Literal["finish", "abort"] = "finish"
@@ -189,19 +197,23 @@ class ModelParticipant:
         Once the swap has begun, cancelling this call does not stop it: a swap's work may go on
         where cancelling cannot reach (vLLM's engine thread, a load in a thread), so the gate
         stays closed until the swap ends and opens under the name of what it loaded. Cancelled
-        before that (while admitted calls finish), nothing is swapped."""
-        self.gate.close()
-        try:
-            if in_flight == "abort":
-                self.gate.abort_in_flight()
-            await self.gate.drained()
-        except BaseException:
-            self.gate.open()
-            raise
-        swapping = asyncio.ensure_future(self._swap_then_open(version, swap))
-        self._swaps.add(swapping)  # held: a cancelled caller no longer holds it
-        swapping.add_done_callback(self._swap_ended)
-        await asyncio.shield(swapping)
+        before that (while admitted calls finish), nothing is swapped. Syncs run one at a time: a
+        retry after a cancelled one waits until that one's swap has ended."""
+        async with self._syncing:
+            if self._swaps:  # a swap whose caller gave up still loads: two must never load at once
+                await asyncio.wait(list(self._swaps))
+            self.gate.close()
+            try:
+                if in_flight == "abort":
+                    self.gate.abort_in_flight()
+                await self.gate.drained()
+            except BaseException:
+                self.gate.open()
+                raise
+            swapping = asyncio.ensure_future(self._swap_then_open(version, swap))
+            self._swaps.add(swapping)  # held: a cancelled caller no longer holds it
+            swapping.add_done_callback(self._swap_ended)
+            await asyncio.shield(swapping)
 
     def _swap_ended(self, swapping: asyncio.Future[None]) -> None:
         """A swap's failure is its caller's error; said here too, for a caller that gave up before it."""

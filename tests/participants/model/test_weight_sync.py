@@ -183,6 +183,62 @@ def test_a_weight_sync_cancelled_mid_swap_names_the_weights_the_swap_loaded() ->
         backend.load_weights(tiny_model_dir(0))
 
 
+def test_a_weight_sync_retried_after_a_cancel_waits_for_the_swap_still_loading() -> None:
+    """The usual answer to a timed-out sync is to try again. The retry must not load beside the
+    swap its predecessor left running, nor let that swap's end open the gate while its own still
+    loads: every token sampled meanwhile would be labelled with weights that did not sample it.
+    Each closer of the gate opens only its own closing (a checkpoint may overlap a swap too)."""
+    backend = TorchPolicy(tiny_model_dir(0))
+    model = ModelParticipant(backend)
+    started = {"first": threading.Event(), "retry": threading.Event()}
+    release = {"first": threading.Event(), "retry": threading.Event()}
+    loading: list[str] = []
+    overlaps: list[list[str]] = []
+
+    def swap(name: str, folder: Path):
+        def load() -> None:
+            loading.append(name)
+            if len(loading) > 1:
+                overlaps.append(list(loading))
+            started[name].set()
+            assert release[name].wait(60), f"the test never let the {name} load finish"
+            backend.load_weights(folder)
+            loading.remove(name)
+
+        async def run() -> None:
+            await asyncio.to_thread(load)
+
+        return run
+
+    async def scenario() -> None:
+        first = asyncio.create_task(model.sync_weights(SEED1, swap("first", tiny_model_dir(1))))
+        while not started["first"].is_set():
+            await asyncio.sleep(0.01)
+        first.cancel()  # timed out: the load goes on
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        retry = asyncio.create_task(model.sync_weights(SEED0, swap("retry", tiny_model_dir(0))))
+        await asyncio.sleep(0.2)
+        assert not started["retry"].is_set(), "the retry began loading beside the swap still under way"
+        release["first"].set()
+        while not started["retry"].is_set():
+            await asyncio.sleep(0.01)
+        admitted = asyncio.create_task(model.gate.admit())
+        await asyncio.sleep(0.2)
+        assert not admitted.done(), "the first swap's end opened the gate while the retry's swap loaded"
+        release["retry"].set()
+        await asyncio.wait_for(retry, 60)
+        model.gate.release(await asyncio.wait_for(admitted, 60))
+        assert backend.policy_version == SEED0 and not overlaps
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        for event in release.values():
+            event.set()
+        backend.load_weights(tiny_model_dir(0))
+
+
 def test_a_call_aborted_by_a_weight_sync_is_continued_and_its_runs_name_each_weights(tmp_path: Path) -> None:
     """in_flight="abort": the long reasoning call under way stops at the swap and continues from
     its tokens under the new weights; its output is two runs, each labelled and scored by its own."""
