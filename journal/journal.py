@@ -885,4 +885,7 @@ class WorkloadFeed:
         return found
 
     def close(self) -> None:
+        """Stop following; a poll after this (a worker polls on one thread and closes on another)
+        finds nothing, not even the snapshot stream's registrations."""
+        self._legacy = None
         self._follower.close()

@@ -548,19 +548,28 @@ class CatchUpFollower:
         self._topic = topic
         self._fetch_wait_ms = fetch_wait_ms
         self._stream: StreamingFollower | None = None
+        self._use = threading.Lock()  # polled on one thread, closed on another: as StreamingFollower
+        self._closed = False
 
     def poll(self) -> list[StoredRecord]:
-        """The records committed since the last poll (the first: every retained one); never waits."""
-        if self._stream is not None:
-            return self._stream.poll(0)
-        ends: dict[int, int] = {}
-        records = list(self._pool.read_from(self._topic, {0: None}, ends, stable=False))
-        self._stream = StreamingFollower(
-            self._pool, self._topic, 1, {0: ends.get(0, 0)}, fetch_wait_ms=self._fetch_wait_ms
-        )
-        return records
+        """The records committed since the last poll (the first: every retained one); never waits.
+        Nothing once closed: a poll after close would open a consumer nobody closes."""
+        with self._use:
+            if self._closed:
+                return []
+            if self._stream is not None:
+                return self._stream.poll(0)
+            ends: dict[int, int] = {}
+            records = list(self._pool.read_from(self._topic, {0: None}, ends, stable=False))
+            self._stream = StreamingFollower(
+                self._pool, self._topic, 1, {0: ends.get(0, 0)}, fetch_wait_ms=self._fetch_wait_ms
+            )
+            return records
 
     def close(self) -> None:
-        if self._stream is not None:
-            self._stream.close()
-            self._stream = None
+        """Close the stream once no poll is in flight (the first reads the topic to its end)."""
+        with self._use:
+            self._closed = True
+            if self._stream is not None:
+                self._stream.close()
+                self._stream = None

@@ -227,3 +227,23 @@ def test_two_submits_of_one_name_at_once_register_one_of_them(
     with Journal(KafkaBackend(settings, transactional=False)) as reader:
         assert reader.workloads()["race"] == registered  # the winner's, on both topics
         assert [r.key for r in reader.backend.read_workloads()] == ["race"]
+
+
+def test_a_workload_feed_closed_before_it_was_polled_reads_nothing_and_opens_no_consumer(
+    settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker polls its workload feed on one thread and closes it on another at shutdown, so a
+    poll can come after the close. It used to read the whole workloads topic then and open a
+    consumer that nobody closed; a poll after close now reads nothing (and a close during a poll
+    waits for it)."""
+    with (
+        Journal(KafkaBackend(settings, member="w0")) as worker,
+        Journal(KafkaBackend(settings, transactional=False)) as submitter,
+    ):
+        submitter.register_workload(registration("closed")).result()
+        reads = Reads(worker.backend.readers, monkeypatch)  # type: ignore[attr-defined]
+        feed = worker.follow_workloads()
+        feed.close()
+        assert feed.poll() == {}
+        assert reads.calls == [], "a poll after close read the workloads topic"
+        feed.close()  # a second close is a no-op
