@@ -294,9 +294,25 @@ class Environment(ABC):
         if self.recovery is Recovery.RESTART_ONLY:
             return {}
         resources = [r for r in self.resources.values() if r.supports_export]
-        states = await asyncio.gather(
-            *(in_daemon_thread(r.export_state, f"export {self.rollout_id} {r.resource_id}") for r in resources)
-        )
+        # An export a checkpoint gave up on runs on: this rollout is skipped until it has ended, so
+        # a stuck export holds one thread, not one more every round.
+        running: set[str] = self.__dict__.setdefault("_exports_running", set())
+        still = sorted(r.resource_id for r in resources if r.resource_id in running)
+        if still:
+            raise ResourceError(f"the export of {', '.join(still)} that an earlier checkpoint gave up on still runs")
+
+        def export(resource: Resource) -> Callable[[], bytes]:
+            running.add(resource.resource_id)
+
+            def run() -> bytes:
+                try:
+                    return resource.export_state()
+                finally:
+                    running.discard(resource.resource_id)
+
+            return run
+
+        states = await asyncio.gather(*(in_daemon_thread(export(r), f"export {r.resource_id}") for r in resources))
         return {r.resource_id: state for r, state in zip(resources, states)}
 
     async def aend_checkpoint(self, epoch: int, committed: bool) -> None:
