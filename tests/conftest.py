@@ -24,6 +24,7 @@ pytest_plugins = [
     "tests.support.vllm_fixtures",
     "tests.support.gateway_fixtures",
     "tests.support.parallel",
+    "tests.support.signal_state",
 ]
 
 _session_models: str | None = None

@@ -304,6 +304,20 @@ def test_every_worker_starts_with_ctrl_c_held(tmp_path: Path) -> None:
 INTERRUPT_TRIES = 5
 
 
+def as_from_a_terminal() -> None:
+    """(In the child, before it runs the command.) Ctrl-C open and handled as a shell's foreground
+    job has it: a child inherits an ignored or blocked SIGINT, and the test process's may be either
+    after what earlier tests in it ran; the listing then never saw the signal, five tries in a row."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def sigint_state() -> str:
+    """How this process holds SIGINT: what a child started from it inherits."""
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return f"SIGINT {'blocked' if blocked else 'open'}, handler {signal.getsignal(signal.SIGINT)!r}"
+
+
 def interrupted_listing(location: str) -> tuple[subprocess.Popen, str, list[int]] | None:
     """``replay list --jobs 2`` of ``location``, sent Ctrl-C once its two workers exist: (the
     command, its stderr, the workers' pids); None when the listing had ended before the signal
@@ -324,6 +338,7 @@ def interrupted_listing(location: str) -> tuple[subprocess.Popen, str, list[int]
         cwd=REPO_ROOT,
         env=os.environ | {"PYTHONPATH": str(REPO_ROOT)},
         start_new_session=True,
+        preexec_fn=as_from_a_terminal,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
@@ -336,7 +351,9 @@ def interrupted_listing(location: str) -> tuple[subprocess.Popen, str, list[int]
             time.sleep(0.005)
         if cli.poll() is None:
             assert len(workers) == 2, f"the listing started {len(workers)} workers in 60 s, not 2"
-            time.sleep(0.2)  # the workers are importing what they run
+            # At once: the workers have just been spawned and are importing what they run (half a
+            # second here when quiet). A pause before it let the listing end first, five times in
+            # a row, on a loaded CI machine.
             os.killpg(cli.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         _, err = cli.communicate(timeout=60)
     finally:
@@ -358,7 +375,10 @@ def test_ctrl_c_while_workers_start_is_one_line_and_ends_them(kafka_bootstrap: s
         if (outcome := interrupted_listing(location)) is not None:
             break
     else:
-        pytest.fail(f"the listing ended before Ctrl-C reached it {INTERRUPT_TRIES} times: it never saw the signal")
+        pytest.fail(
+            f"the listing ended before Ctrl-C reached it {INTERRUPT_TRIES} times: it never saw the signal "
+            f"(this test process: {sigint_state()})"
+        )
     cli, err, workers = outcome
     assert cli.returncode == 130, err
     assert "Traceback" not in err and "rollout-journal: interrupted" in err, err
