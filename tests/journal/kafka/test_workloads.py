@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,27 +73,37 @@ def poll_until(feed: WorkloadFeed, done: Callable[[dict[str, WorkloadRegistered]
     return found
 
 
-def test_a_workload_registered_after_the_worker_started_is_picked_up_without_reading_snapshots(
-    settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@contextmanager
+def worker_feed(
+    settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch, registered: str
+) -> Iterator[tuple[WorkloadFeed, Reads, Journal]]:
+    """A fleet worker's workload feed once ``registered`` was submitted, a spy on the worker's reads,
+    and the submitting journal."""
     with (
         Journal(KafkaBackend(settings, member="w0")) as worker,
         Journal(KafkaBackend(settings, transactional=False)) as submitter,
     ):
-        submitter.register_workload(registration("first")).result()
+        submitter.register_workload(registration(registered)).result()
         reads = Reads(worker.backend.readers, monkeypatch)  # type: ignore[attr-defined]
         feed = worker.follow_workloads()
         try:
-            assert set(feed.poll()) == {"first"}  # everything registered before it started
-            assert reads.topics() == {settings.workloads_topic}, "the first poll read more than the workloads topic"
-            reads.calls.clear()
-            for _ in range(20):  # an idle worker's polls
-                assert feed.poll() == {}
-            submitter.register_workload(registration("second")).result()
-            assert set(poll_until(feed, lambda found: "second" in found)) == {"second"}
-            assert reads.calls == [], "polls after the first read or queried offsets again"
+            yield feed, reads, submitter
         finally:
             feed.close()
+
+
+def test_a_workload_registered_after_the_worker_started_is_picked_up_without_reading_snapshots(
+    settings: KafkaSettings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with worker_feed(settings, monkeypatch, "first") as (feed, reads, submitter):
+        assert set(feed.poll()) == {"first"}  # everything registered before it started
+        assert reads.topics() == {settings.workloads_topic}, "the first poll read more than the workloads topic"
+        reads.calls.clear()
+        for _ in range(20):  # an idle worker's polls
+            assert feed.poll() == {}
+        submitter.register_workload(registration("second")).result()
+        assert set(poll_until(feed, lambda found: "second" in found)) == {"second"}
+        assert reads.calls == [], "polls after the first read or queried offsets again"
 
 
 def test_the_workloads_topic_has_one_partition_and_is_compacted(settings: KafkaSettings, kafka_bootstrap: str) -> None:
@@ -236,14 +247,8 @@ def test_a_workload_feed_closed_before_it_was_polled_reads_nothing_and_opens_no_
     poll can come after the close. It used to read the whole workloads topic then and open a
     consumer that nobody closed; a poll after close now reads nothing (and a close during a poll
     waits for it)."""
-    with (
-        Journal(KafkaBackend(settings, member="w0")) as worker,
-        Journal(KafkaBackend(settings, transactional=False)) as submitter,
-    ):
-        submitter.register_workload(registration("closed")).result()
-        reads = Reads(worker.backend.readers, monkeypatch)  # type: ignore[attr-defined]
-        feed = worker.follow_workloads()
+    with worker_feed(settings, monkeypatch, "closed") as (feed, reads, _):
         feed.close()
         assert feed.poll() == {}
         assert reads.calls == [], "a poll after close read the workloads topic"
-        feed.close()  # a second close is a no-op
+        feed.close()  # a second close is a no-op (and the helper's close a third)
