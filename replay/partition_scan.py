@@ -124,18 +124,30 @@ def _interrupts_held() -> Iterator[None]:
     """SIGINT blocked in this thread while it starts a worker, which inherits the mask: Ctrl-C
     (sent to the whole process group) then reaches the caller only, which ends its workers,
     instead of each worker printing a KeyboardInterrupt traceback half way through its imports.
-    A Ctrl-C meanwhile is delivered once the worker has started."""
+    A Ctrl-C meanwhile is delivered once the worker has started.
+
+    The mask is this thread's only: another thread (librdkafka's) may take the signal, and Python
+    then runs its handler in the main thread all the same, which interrupted a start half way
+    through handing the worker its preparation data (the worker's EOFError traceback). So in the
+    main thread the handler is deferred too: a Ctrl-C during the start is noted and raised after."""
     if not hasattr(signal, "pthread_sigmask"):
         yield
         return
     # The first start would launch multiprocessing's resource tracker, which unblocks SIGINT in
     # this thread once it has (its own guard): launched before the block, it leaves ours alone.
     resource_tracker.ensure_running()
+    noted: list[int] = []
+    deferring = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum)) if deferring else None
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        if deferring and handler is not None:  # None: one set outside Python, which stays
+            signal.signal(signal.SIGINT, handler)
+            if noted and callable(handler):
+                handler(signal.SIGINT, None)  # Python's default raises KeyboardInterrupt here
 
 
 @dataclass
