@@ -174,6 +174,8 @@ class Environment(ABC):
         self.task = task if isinstance(task, Task) else Task(int(task))
         self.task_seed = self.task.seed
         self.resources: dict[str, Resource] = {}
+        # resources whose export a coordinated checkpoint gave up on and which still runs (aprepare_checkpoint)
+        self._exports_running: set[str] = set()
 
     # -- construction ------------------------------------------------------------
     def resource_id(self, name: str) -> str:
@@ -296,7 +298,7 @@ class Environment(ABC):
         resources = [r for r in self.resources.values() if r.supports_export]
         # An export a checkpoint gave up on runs on: this rollout is skipped until it has ended, so
         # a stuck export holds one thread, not one more every round.
-        running: set[str] = self.__dict__.setdefault("_exports_running", set())
+        running = self._exports_running
         still = sorted(r.resource_id for r in resources if r.resource_id in running)
         if still:
             raise ResourceError(f"the export of {', '.join(still)} that an earlier checkpoint gave up on still runs")
