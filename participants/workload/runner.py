@@ -197,12 +197,13 @@ class Runner:
         ):
             # after the first commits: each has a fence (forks are registered by `fork`, not here)
             await self._register_workload(self.journal, own, registration)
-        for live in admitted:
-            self.launch(live, (stop_after or {}).get(live.spec.rollout_id))
-        await self._start_replacements()
         try:
+            for live in admitted:
+                self.launch(live, (stop_after or {}).get(live.spec.rollout_id))
+            await self._start_replacements()
             await self._drive_all()
         finally:
+            await self.stop_tasks()  # a launch or replacement that failed leaves them running
             for live in self.live.values():
                 live.env.close()
             await self.environments.aclose()
@@ -427,26 +428,32 @@ class Runner:
             log.error("rollout task also failed: %r", task.exception())
 
     async def _drive_all(self) -> None:
-        """Wait until every launched rollout is done. The first failure cancels the rest and is
-        raised as itself; the others are logged."""
-        try:
-            while self._drives and self.failure is None:
-                pending = [t for t in self._drives.values() if not t.done()]
-                if not pending:
-                    break
-                failed = asyncio.ensure_future(self.failed.wait())
+        """Wait until every launched rollout is done. The first failure is raised as itself (the
+        caller's :meth:`stop_tasks` cancels the rest); the others are logged."""
+        while self._drives and self.failure is None:
+            pending = [t for t in self._drives.values() if not t.done()]
+            if not pending:
+                break
+            failed = asyncio.ensure_future(self.failed.wait())
+            try:
                 await asyncio.wait([*pending, failed], return_when=asyncio.FIRST_COMPLETED)
+            finally:
                 failed.cancel()
-            if self.failure is not None:
-                raise self.failure
-        finally:
-            running = [t for t in self._drives.values() if not t.done()]
-            if self._checkpoints is not None:
-                running.append(self._checkpoints)
-            for task in running:
-                task.cancel()
-            await asyncio.gather(*running, return_exceptions=True)
-            self._checkpoints = None
+                await asyncio.gather(failed, return_exceptions=True)
+        if self.failure is not None:
+            raise self.failure
+
+    async def stop_tasks(self) -> None:
+        """Cancel every rollout's drive and the coordinated checkpoints, and wait until they are
+        done: whoever ends the runner (``run``; a fleet's worker, which drives through ``launch``)
+        leaves nothing of it running in an event loop that may live on."""
+        running = [t for t in self._drives.values() if not t.done()]
+        if self._checkpoints is not None:
+            running.append(self._checkpoints)
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+        self._checkpoints = None
 
     async def _checkpoint_periodically(self) -> None:
         assert self.checkpointer is not None

@@ -347,6 +347,7 @@ class FleetWorker:
             await asyncio.gather(*self._takes.values(), return_exceptions=True)
             for workload in self.workloads.values():
                 await workload.runner.drop(list(workload.runner.live), why=None)
+                await workload.runner.stop_tasks()  # its coordinated checkpoints
                 await workload.runner.environments.aclose()  # its resource-server connections
                 await workload.runner.model.backend.aclose()  # connections and threads of this event loop
             if feed is not None:
@@ -371,9 +372,10 @@ class FleetWorker:
         try:
             await asyncio.wait(waiters, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for waiter in waiters:
-                if waiter is not membership:
-                    waiter.cancel()
+            mine = [waiter for waiter in waiters if waiter is not membership]
+            for waiter in mine:
+                waiter.cancel()
+            await asyncio.gather(*mine, return_exceptions=True)
 
     def _raise_failure(self, group: object, membership: asyncio.Task[None]) -> None:
         failure = getattr(group, "failure", None)
@@ -393,6 +395,7 @@ class FleetWorker:
         await asyncio.wait([membership], timeout=30)
         if not membership.done():
             membership.cancel()
+            await asyncio.gather(membership, return_exceptions=True)
 
     # -- workloads ---------------------------------------------------------------------------------
 

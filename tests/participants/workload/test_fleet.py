@@ -376,3 +376,49 @@ def test_a_pick_up_admits_nothing_on_a_partition_whose_revocation_is_still_queue
             await running
 
     asyncio.run(scenario())
+
+
+def test_a_worker_in_coordinated_mode_leaves_no_task_behind(
+    kafka_bootstrap: str, kafka_namespace: str, tmp_path: Path
+) -> None:
+    """A worker embedded in a longer-lived program (a trainer's event loop) must stop everything it
+    started when its ``run`` returns: a coordinated checkpoint task left running would wake every
+    ``coordinated_every_s`` for the life of that loop, checkpointing through a closed journal."""
+    from rollout_journal.participants.workload.worker import FleetWorker
+
+    url = f"kafka://{kafka_bootstrap}/{kafka_namespace}?partitions=2"
+    config = fleet_workload(
+        url,
+        name="coord",
+        groups=2,
+        siblings=1,
+        max_turns=3,
+        turn_delay_ms=300,
+        checkpoint_mode="coordinated",
+        coordinated_every_s=0.2,
+    )
+    events: list[str] = []
+    turns: list[str] = []
+    worker = FleetWorker(url, name="w0", on_event=events.append, on_turn=lambda rid, _: turns.append(rid), poll_s=0.2)
+
+    async def until(condition: Callable[[], bool], what: str, timeout_s: float = 240) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            assert time.monotonic() < deadline, f"timed out waiting for {what}; events: {events}"
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> list[str]:
+        stop = asyncio.Event()
+        running = asyncio.create_task(worker.run(stop))
+        try:
+            await asyncio.to_thread(submitted, config, tmp_path)
+            await until(lambda: len(turns) >= 2, "two committed turns")
+            await asyncio.sleep(0.5)  # a few checkpoint periods
+        finally:
+            stop.set()
+            await running
+        await asyncio.sleep(0)  # what was cancelled has had its step
+        me = asyncio.current_task()
+        return sorted(task.get_name() for task in asyncio.all_tasks() if task is not me and not task.done())
+
+    assert asyncio.run(scenario()) == []
