@@ -703,8 +703,11 @@ async def _first_event(queue: _Chunks, task: asyncio.Task[Any]) -> None:
     if queue.first.is_set() or task.done():
         return
     waiter = asyncio.ensure_future(queue.first.wait())
-    await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
-    waiter.cancel()
+    try:
+        await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:  # also when the client went away: no waiter outlives the request
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
 
 
 async def _drain(queue: asyncio.Queue[TokenChunk], task: asyncio.Task[Any]) -> AsyncIterator[TokenChunk]:
@@ -716,11 +719,14 @@ async def _drain(queue: asyncio.Queue[TokenChunk], task: asyncio.Task[Any]) -> A
         if task.done():
             return
         getter = asyncio.ensure_future(queue.get())
-        await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
+        try:
+            await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # a getter cancelled before it took its chunk leaves it in the queue
+            if not getter.done():
+                getter.cancel()
+                await asyncio.gather(getter, return_exceptions=True)
+        if not getter.cancelled():
             yield getter.result()
-        else:
-            getter.cancel()
 
 
 class _VisibleText:
