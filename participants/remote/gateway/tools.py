@@ -34,6 +34,7 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 from rollout_journal.participants.remote.gateway.errors import (
@@ -102,10 +103,18 @@ class ToolGateway:
         self._client: Any = None
 
     def client(self) -> Any:
+        """One HTTP client for every rollout, with a cookie jar that keeps nothing: each rollout's
+        session cookies are its own (``_Live.cookies``, sent by hand). A jar that kept the server's
+        cookies would send the last rollout's session with the next rollout's first call, and two
+        rollouts would share one server session."""
         import httpx
 
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=300.0, limits=httpx.Limits(max_connections=256))
+            self._client = httpx.AsyncClient(
+                timeout=300.0,
+                limits=httpx.Limits(max_connections=256),
+                cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
+            )
         return self._client
 
     async def aclose(self) -> None:
@@ -187,11 +196,16 @@ class ToolGateway:
         raise AssertionError("unreachable")
 
     async def _rebuild(self, session: RolloutSession, server: ToolServer, op: str, ctx: ToolContext) -> _Live:
-        """A live server session for the rollout, brought to what its journal holds."""
+        """A live server session for the rollout, brought to what its journal holds. Kept for the
+        rollout's next calls only once whole: a rebuild cut off half way (a server error, the
+        request cancelled) leaves the next call to start it again, never a session missing the
+        rest of the journaled calls."""
+        key = (session.rollout_id, server.name)
+        self._live.pop(key, None)
         live = _Live(ctx.attempt)
-        self._live[(session.rollout_id, server.name)] = live
         journaled = ctx.journaled
         if op == SEED or not journaled or server.recovery is Recovery.STATELESS:
+            self._live[key] = live
             return live
         log.info(
             "rollout %s: rebuilding its session at tool server %s from %d journaled calls",
@@ -204,7 +218,6 @@ class ToolGateway:
             live.cookies.update(cookies)
             then = json.loads(effect.result_json)
             if effect.op != VERIFY and (status, text) != (then["status"], then["body"]):
-                self._live.pop((session.rollout_id, server.name), None)
                 raise ToolReplayDivergedError(
                     session.rollout_id,
                     server.name,
@@ -213,6 +226,7 @@ class ToolGateway:
                     json.dumps({"status": status, "body": text}),
                 )
         self.rebuilds += 1
+        self._live[key] = live
         return live
 
     async def _post(

@@ -78,6 +78,20 @@ def test_an_episode_through_both_gateways_is_journaled_call_by_call(tmp_path: Pa
     ]
 
 
+def test_two_rollouts_through_one_gateway_get_a_server_session_each(counter, start_gateway) -> None:
+    """Each rollout's calls carry its own session cookie, and a rollout's first call none: the
+    gateway's HTTP client must not keep the server's cookies itself, or a second rollout's
+    ``seed_session`` arrives with the first one's session and the two share one counter."""
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    try:
+        for rollout in ("ng-a", "ng-b"):
+            verified = episode(gateway.url, rollout)
+            assert verified is not None and verified["reward"] == 1.0, f"{rollout}: {verified}"
+    finally:
+        gateway.close()
+    assert sorted(counter.state.values()) == [5, 5]
+
+
 def test_a_rerun_episode_is_answered_from_the_journal(tmp_path: Path, upstream, counter, start_gateway) -> None:
     gateway = start_gateway(tools=[f"counter={counter.url}"])
     assert episode(gateway.url, "ng-0", stop_after_calls=3) is None  # the job dies after its first tool call
@@ -182,3 +196,70 @@ def test_nemo_gyms_own_rollout_prefix_reaches_both_gateways(start_gateway, count
     verified = simple_agent_loop(base, base, body)
     assert verified is not None and verified["reward"] == 1.0
     assert httpx.get(f"{gateway.url}/r/7-2/status").json()["finished"]
+
+
+def test_a_rebuild_cut_short_is_done_again_not_half_kept(counter) -> None:
+    """A rebuild of a lost server session re-applies the rollout's journaled calls one by one. Cut
+    off half way (its request cancelled: the agent gave up waiting), the half-rebuilt session must
+    not be kept: the next call of the same attempt would run against a server session missing the
+    rest of the journaled calls (here: a counter at 2 where the journal says 5)."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from rollout_journal.participants.remote.gateway.tools import ToolGateway, ToolServer
+    from rollout_journal.participants.rollout.effects import TOOL, Effect
+    from rollout_journal.participants.session.api import ToolContext
+
+    rollout = SimpleNamespace(rollout_id="r-rebuild")  # the one attribute the tool gateway reads of a session
+
+    def context(attempt: int, journaled: list[Effect]) -> ToolContext:
+        return ToolContext("r-rebuild", attempt, attempt, f"k{len(journaled)}", len(journaled), journaled)
+
+    async def scenario() -> dict:
+        gateway = ToolGateway({"counter": ToolServer("counter", counter.url)})
+        server = gateway.server("counter")
+        journaled: list[Effect] = []
+        try:
+            for op, args in [("seed_session", {"initial_count": 0}), ("increment_counter", {"count": 2})] + [
+                ("increment_counter", {"count": 3})
+            ]:
+                outcome = await gateway._live_call(rollout, server, op, args, context(1, journaled))  # type: ignore[arg-type]
+                journaled.append(
+                    Effect(
+                        0,
+                        len(journaled),
+                        TOOL,
+                        "",
+                        "",
+                        1,
+                        op=op,
+                        args_json=json.dumps(args),
+                        result_json=json.dumps(outcome.result),
+                        resource_id="r-rebuild/counter",
+                    )
+                )
+            await asyncio.to_thread(counter.restart)  # the server lost every session
+            posts = 0
+            post = gateway._post
+
+            async def post_then_give_up(*args: object) -> tuple[int, str, str, dict[str, str]]:
+                nonlocal posts
+                answer = await post(*args)  # type: ignore[arg-type]
+                posts += 1
+                if posts == 2:  # the seed and the first increment re-applied: the agent goes away
+                    raise asyncio.CancelledError
+                return answer
+
+            gateway._post = post_then_give_up  # type: ignore[method-assign]
+            cut = asyncio.create_task(
+                gateway._live_call(rollout, server, "get_counter_value", {}, context(2, journaled))  # type: ignore[arg-type]
+            )
+            await asyncio.gather(cut, return_exceptions=True)
+            gateway._post = post  # type: ignore[method-assign]
+            outcome = await gateway._live_call(rollout, server, "get_counter_value", {}, context(2, journaled))  # type: ignore[arg-type]
+            return json.loads(outcome.result["body"])
+        finally:
+            await gateway.aclose()
+
+    assert asyncio.run(scenario()) == {"count": 5}
