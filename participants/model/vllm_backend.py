@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import os
@@ -127,6 +128,8 @@ class VllmEngine:
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._ids = itertools.count()
+        self._stopped: BaseException | None = None  # what ended the engine thread; set under _stop_lock
+        self._stop_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
         self._thread.start()
 
@@ -157,7 +160,13 @@ class VllmEngine:
     ) -> None:
         """Add a request; ``cache_salt`` keeps its KV blocks apart from requests salted otherwise
         (the backend salts with its policy version: no block of other weights is reused)."""
-        self._commands.put(("add", (request_id, prompt_ids, params, cache_salt, asyncio.get_running_loop(), out)))
+        with self._stop_lock:
+            if self._stopped is None:
+                self._commands.put(
+                    ("add", (request_id, prompt_ids, params, cache_salt, asyncio.get_running_loop(), out))
+                )
+                return
+        out.put_nowait(self._ended())
 
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
@@ -165,10 +174,41 @@ class VllmEngine:
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
         """Run ``fn(llm_engine)`` on the engine thread between two steps; its result or error."""
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
-        self._commands.put(("call", (fn, done)))
+        with self._stop_lock:
+            if self._stopped is None:
+                self._commands.put(("call", (fn, done)))
+                return done
+        done.set_exception(self._ended())
         return done
 
+    def _ended(self) -> BackendError:
+        return BackendError(f"the vLLM engine thread ended ({self._stopped!r}); restart the process")
+
     def _run(self) -> None:
+        """The engine thread. Whatever ends it (a ``BaseException`` out of vLLM's step) fails every
+        call waiting on it and every later one at once: none waits for an engine that is gone."""
+        try:
+            self._serve()
+        except BaseException as exc:
+            log.critical("the vLLM engine thread ended", exc_info=True)
+            with self._stop_lock:
+                self._stopped = exc
+            for request_id in list(self._streams):
+                self._deliver(request_id, self._ended())
+            self._streams.clear()
+            while True:
+                try:
+                    kind, arg = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "call" and arg[1].set_running_or_notify_cancel():
+                    arg[1].set_exception(self._ended())
+                elif kind == "add":
+                    request_id, _, _, _, loop, out = arg
+                    with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits
+                        loop.call_soon_threadsafe(out.put_nowait, self._ended())
+
+    def _serve(self) -> None:
         from vllm.inputs import TokensPrompt
         from vllm.outputs import RequestOutput
 
@@ -191,7 +231,7 @@ class VllmEngine:
                         continue
                     try:
                         done.set_result(fn(self.engine))
-                    except Exception as exc:  # handed to the caller
+                    except BaseException as exc:  # the caller's error, whatever it is: the engine runs on
                         done.set_exception(exc)
                 elif kind == "add":
                     request_id, prompt_ids, params, salt, loop, out = arg

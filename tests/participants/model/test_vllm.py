@@ -289,3 +289,17 @@ def test_a_call_cancelled_before_the_engine_ran_it_is_skipped_and_the_engine_run
     assert first.result(60) == "held"
     assert vllm_engine.call(lambda engine: "alive").result(60) == "alive"
     assert ran == [], "a call cancelled before the engine got to it ran anyway"
+
+
+def test_a_call_that_raises_a_base_exception_fails_alone_and_the_engine_runs_on(vllm_engine) -> None:
+    """A call that raises what is not an ``Exception`` (a ``CancelledError`` from code it awaits
+    on, a ``SystemExit`` of a library) is its caller's error: it used to end the engine thread, and
+    every later model call of the process waited for ever."""
+
+    def stops(engine) -> None:
+        raise SystemExit("a library gave up")
+
+    failed = vllm_engine.call(stops)
+    with pytest.raises(SystemExit, match="a library gave up"):
+        failed.result(60)
+    assert vllm_engine.call(lambda engine: "alive").result(60) == "alive"
