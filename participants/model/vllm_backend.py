@@ -81,6 +81,7 @@ def vllm_environment(kv_cache_gib: float, cache_root: Path | None = None) -> dic
         "VLLM_CPU_KVCACHE_SPACE": f"{kv_cache_gib:g}",
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",  # "auto" pins the worker to core 0 and reserves the rest
         "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",  # its logs never land in a program's output (a --json report)
         "DO_NOT_TRACK": "1",
         "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
         "VLLM_CACHE_ROOT": str(root / "vllm"),
