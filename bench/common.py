@@ -44,10 +44,11 @@ def dump_stacks_on(signum: int = signal.SIGUSR1) -> None:
     """On ``signum``, print every thread's stack and every task of the running event loop to
     stderr and carry on: a run that hangs waits in ``select()`` with every thread idle, and only
     the tasks' stacks say what it waits for. The smoke tests send it before they kill a child
-    that ran past its time."""
+    that ran past its time. The threads' stacks come from ``faulthandler``'s C-level handler, at
+    once, even while the main thread is stuck inside C code; the tasks' from the Python handler it
+    chains to, which runs once the main thread is back in Python."""
 
     def dump(_signum: int, _frame: object) -> None:
-        faulthandler.dump_traceback(sys.stderr, all_threads=True)
         try:
             tasks = asyncio.all_tasks(asyncio.get_running_loop())
         except RuntimeError:  # no loop runs now
@@ -58,6 +59,7 @@ def dump_stacks_on(signum: int = signal.SIGUSR1) -> None:
             print(text.getvalue(), file=sys.stderr, flush=True)
 
     signal.signal(signum, dump)
+    faulthandler.register(signum, file=sys.stderr, all_threads=True, chain=True)
 
 
 def percentile(values: list[float], q: float) -> float:
