@@ -595,10 +595,21 @@ class Gateway:
         return JSONResponse(chat.session.status())
 
     def _retire_chats(self) -> None:
-        """Drop the chat sessions of rollouts the factory let go of (finished, beyond what it keeps)."""
+        """Drop what the gateway holds of rollouts the factory let go of (finished, beyond what it
+        keeps): their chat sessions, tool-server sessions, attempt keys and refs, and their locks
+        where nobody holds one (a finished rollout journals nothing more, so a request that comes
+        later and takes a new lock races nothing). A long-lived gateway holds what its live and
+        recently finished rollouts need, not one entry per rollout it ever served."""
         for rid in [r for r, chat in self.chats.items() if self.factory.sessions.get(r) is not chat.session]:
             if chat_is_done(self.chats[rid]):
                 del self.chats[rid]
+                self.tools.forget(rid)
+                self.attempt_keys.pop(rid, None)
+                self.fenced_keys.pop(rid, None)
+                self.opened.pop(rid, None)
+                lock = self._locks.get(rid)
+                if lock is not None and not lock.locked():
+                    del self._locks[rid]
 
     async def finish(self, request: Request, rollout: str) -> Response:
         body = await self._json(request)

@@ -94,10 +94,13 @@ class _Live:
 
 
 class ToolGateway:
-    def __init__(self, servers: Mapping[str, ToolServer], *, retries: int = 3, backoff_s: float = 0.2) -> None:
+    def __init__(
+        self, servers: Mapping[str, ToolServer], *, retries: int = 3, backoff_s: float = 0.2, timeout_s: float = 300.0
+    ) -> None:
         self.servers = dict(servers)
         self.retries = retries
         self.backoff_s = backoff_s
+        self.timeout_s = timeout_s  # a call the server has not answered by then is a server gone (see _post)
         self.rebuilds = 0  # server sessions rebuilt by re-applying journaled calls
         self._live: dict[tuple[str, str], _Live] = {}
         self._client: Any = None
@@ -111,7 +114,7 @@ class ToolGateway:
 
         if self._client is None:
             self._client = httpx.AsyncClient(
-                timeout=300.0,
+                timeout=self.timeout_s,
                 limits=httpx.Limits(max_connections=256),
                 cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
             )
@@ -237,7 +240,10 @@ class ToolGateway:
         headers = {"cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())} if cookies else {}
         try:
             response = await self.client().post(f"{server.url}/{op}", json=args, headers=headers)
-        except (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise ConnectionError(str(exc)) from exc
+        except httpx.TransportError as exc:  # its timeouts included
+            # Lost, or not answered in time: the server may have applied the call, so the rollout's
+            # session there is no longer what the journal says. Both leave that session for a new
+            # one rebuilt from the journal (_live_call), never a retry on top of a half-known state.
+            raise ConnectionError(f"{type(exc).__name__}: {exc}") from exc
         fresh = {name: value for name, value in response.cookies.items()}
         return response.status_code, response.text, response.headers.get("content-type", ""), fresh

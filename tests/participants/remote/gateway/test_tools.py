@@ -263,3 +263,103 @@ def test_a_rebuild_cut_short_is_done_again_not_half_kept(counter) -> None:
             await gateway.aclose()
 
     assert asyncio.run(scenario()) == {"count": 5}
+
+
+def test_a_call_the_server_did_not_answer_in_time_moves_the_rollout_to_a_rebuilt_session() -> None:
+    """A tool server that applied a call but answered too late (a timeout) left the rollout's
+    live session ahead of the journal: the agent's retry applied the call a second time there (a
+    counter at 4 where the journal holds one increment of 2). A call not answered in time now
+    counts as the server gone: the rollout moves to a session rebuilt from the journal and the call
+    is made there, once."""
+    import asyncio
+    import json
+    from types import SimpleNamespace
+
+    from rollout_journal.participants.remote.gateway.tools import ToolGateway, ToolServer
+    from rollout_journal.participants.remote.serving import ThreadedServer
+    from rollout_journal.participants.rollout.effects import TOOL, Effect
+    from rollout_journal.participants.session.api import ToolContext
+    from tests.support.nemo_gym_protocol import counter_app
+
+    state: dict[str, int] = {}
+    inner = counter_app(state, [])
+    late = {"increment_counter": 1}  # answers owed late: the first increment, after applying it
+
+    async def slow_once(scope, receive, send) -> None:
+        op = scope.get("path", "").strip("/")
+        if scope["type"] != "http" or not late.get(op):
+            await inner(scope, receive, send)
+            return
+        late[op] -= 1
+
+        async def send_late(message) -> None:
+            if message["type"] == "http.response.start":
+                await asyncio.sleep(2.0)
+            await send(message)
+
+        await inner(scope, receive, send_late)
+
+    server = ThreadedServer(lambda: slow_once, name="slow-counter")
+    rollout = SimpleNamespace(rollout_id="r-late")  # the one attribute the tool gateway reads of a session
+
+    async def scenario() -> dict:
+        gateway = ToolGateway({"counter": ToolServer("counter", server.url)}, timeout_s=0.5, backoff_s=0.05)
+        counter = gateway.server("counter")
+        journaled: list[Effect] = []
+
+        async def call(op: str, args: dict) -> dict:
+            ctx = ToolContext("r-late", 1, 1, f"k{len(journaled)}", len(journaled), list(journaled))
+            outcome = await gateway._live_call(rollout, counter, op, args, ctx)  # type: ignore[arg-type]
+            journaled.append(
+                Effect(
+                    0,
+                    len(journaled),
+                    TOOL,
+                    "",
+                    "",
+                    1,
+                    op=op,
+                    args_json=json.dumps(args),
+                    result_json=json.dumps(outcome.result),
+                    resource_id="r-late/counter",
+                )
+            )
+            return json.loads(outcome.result["body"])
+
+        try:
+            await call("seed_session", {"initial_count": 0})
+            try:
+                await call("increment_counter", {"count": 2})
+            except Exception:  # before: the timeout reached the agent, which retried
+                await call("increment_counter", {"count": 2})
+            return await call("get_counter_value", {})
+        finally:
+            await gateway.aclose()
+
+    try:
+        assert asyncio.run(scenario()) == {"count": 2}
+    finally:
+        server.close()
+
+
+def test_a_long_lived_gateway_lets_go_of_finished_rollouts(counter, start_gateway) -> None:
+    """Per-rollout state beyond the finished rollouts the factory keeps is dropped: a gateway that
+    serves rollouts for days holds their locks and server sessions while they matter, not one of
+    each for every rollout it ever served."""
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    try:
+        gateway.gateway.factory.keep_finished = 4
+        for i in range(20):
+            base = f"{gateway.url}/r/fin-{i}/tools/counter"
+            assert httpx.post(base + "/seed_session", json={"initial_count": 0}).status_code == 200
+            assert httpx.post(base + "/verify", json={"expected_count": 0}).json()["reward"] == 1.0
+        held = gateway.gateway
+        sizes = {
+            "chats": len(held.chats),
+            "locks": len(held._locks),
+            "server sessions": len(held.tools._live),
+            "attempt keys": len(held.attempt_keys),
+        }
+    finally:
+        gateway.close()
+    assert all(size <= 5 for size in sizes.values()), sizes
