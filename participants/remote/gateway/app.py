@@ -38,6 +38,7 @@ import asyncio
 import json
 import logging
 import re
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Literal
@@ -77,6 +78,12 @@ __all__ = ["Gateway", "GatewayConfig", "ROLLOUT_ID"]
 log = logging.getLogger(__name__)
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")  # NeMo Gym's pattern (rollout_correlation.py:38)
 _PREFIXES = ("/r/", "/ng-rollout/")
+
+
+def attempt_cookie(rollout: str) -> str:
+    """The cookie that names a run of a NeMo Gym agent (which sends no attempt key, but carries its
+    ``seed_session``'s cookies on): ``rj_attempt.<rollout>``."""
+    return f"rj_attempt.{rollout}"
 
 
 class GatewayConfig(BaseModel):
@@ -316,29 +323,48 @@ class Gateway:
             raise GatewayError(400, "invalid_request", f"the body is no JSON: {exc}", "body") from None
 
     # -- sessions per rollout --------------------------------------------------------------
-    def _attempt_key(self, request: Request) -> str | None:
-        return request.headers.get("x-rj-attempt-key") or request.headers.get("x-session-id") or None
+    def _attempt_key(self, request: Request, rollout: str) -> tuple[str | None, bool]:
+        """The run of the agent a request comes from, and whether a new one may start here: the
+        header an agent gives (a new key is a new run), else the cookie the gateway gave its
+        ``seed_session`` (see :meth:`tool`; only a seed_session starts a run, so a cookie that is
+        not the current run's is a zombie's)."""
+        header = request.headers.get("x-rj-attempt-key") or request.headers.get("x-session-id")
+        if header:
+            return header, True
+        return request.cookies.get(attempt_cookie(rollout)) or None, False
 
-    async def chat_for(self, request: Request, rollout: str, *, fresh: bool = False) -> ChatSession:
+    def _stale(self, rollout: str) -> StaleAttemptError:
+        state = self.factory.state_of(rollout)
+        current = self.chats.get(rollout)
+        return StaleAttemptError(
+            rollout,
+            0,
+            0,
+            current.session.epoch if current else (state.epoch if state else 0),
+            f"a newer run of the agent (attempt key {self.attempt_keys.get(rollout)})",
+        )
+
+    async def chat_for(
+        self, request: Request, rollout: str, *, fresh: bool = False, key: str | None = None
+    ) -> ChatSession:
         """The rollout's current chat session; a new attempt when ``fresh`` (a re-driven agent), when
-        the request names another attempt key than the session's, or when none is open here."""
-        key = self._attempt_key(request)
+        the request names another attempt key than the session's (``key``: the one the gateway gave
+        it, else the request's own), or when none is open here."""
+        starts_runs = key is not None
+        if key is None:
+            key, starts_runs = self._attempt_key(request, rollout)
         lock = self._locks.setdefault(rollout, asyncio.Lock())
         async with lock:
             if key is not None and key in self.fenced_keys.get(rollout, set()):
-                state = self.factory.state_of(rollout)
-                current = self.chats.get(rollout)
-                raise StaleAttemptError(
-                    rollout,
-                    0,
-                    0,
-                    current.session.epoch if current else (state.epoch if state else 0),
-                    f"a newer run of the agent (attempt key {self.attempt_keys.get(rollout)})",
-                )
+                raise self._stale(rollout)
+            if key is not None and not starts_runs and self.attempt_keys.get(rollout) not in (None, key):
+                raise self._stale(rollout)
             chat = self.chats.get(rollout)
             usable = chat is not None and chat.session is self.factory.sessions.get(rollout)
             same_run = key is None or self.attempt_keys.get(rollout) in (None, key)
             if chat is not None and usable and same_run and not fresh:
+                if key is not None:
+                    self.attempt_keys.setdefault(rollout, key)  # the run this session serves, from now on
                 return chat
             if self.config.require_open and rollout not in self.opened and not self.factory.known(rollout):
                 raise RolloutNotFoundError(rollout)
@@ -558,10 +584,13 @@ class Gateway:
             raise GatewayError(404, "not_found", f"POST /tools/{server}/<route>: name the route")
         self.tools.server(server)
         body = await self._body(request)
-        chat = await self.chat_for(request, rollout)
+        # A NeMo Gym agent sends no attempt key, but carries the cookies of its seed_session into its
+        # tool calls and verify: a seed_session without a key is a run of the agent, given one here.
+        minted = uuid.uuid4().hex if op == SEED and self._attempt_key(request, rollout)[0] is None else None
+        chat = await self.chat_for(request, rollout, key=minted)
         session = chat.session
         if op == SEED and session.position != (0, 0):  # an episode starts with seed_session: a re-drive
-            chat = await self.chat_for(request, rollout, fresh=True)
+            chat = await self.chat_for(request, rollout, fresh=True, key=minted)
         elif op != SEED and session.fresh and len(session.state.effects):
             # A tool call mid-episode on a session just opened here: the agent outlived the gateway
             # that served it. It goes on after what the journal holds (a retry of the last call is
@@ -576,7 +605,12 @@ class Gateway:
             if reward is not None:
                 await chat.finish(reward)
                 self._retire_chats()
-        return Response(text, status, media_type=content_type.split(";")[0] or "application/json")
+        response = Response(text, status, media_type=content_type.split(";")[0] or "application/json")
+        if minted is not None:
+            # Named after the rollout and valid on every path: a client with one cookie jar for many
+            # rollouts (and for the model routes) sends each rollout its own.
+            response.set_cookie(attempt_cookie(rollout), minted, path="/", httponly=True, samesite="strict")
+        return response
 
     # -- control --------------------------------------------------------------------------------
     async def open(self, request: Request, rollout: str) -> Response:

@@ -7,6 +7,7 @@ on re-apply, or the rollout restarts from turn 0 (restart_only)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -363,3 +364,33 @@ def test_a_long_lived_gateway_lets_go_of_finished_rollouts(counter, start_gatewa
     finally:
         gateway.close()
     assert all(size <= 5 for size in sizes.values()), sizes
+
+
+def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path, counter, start_gateway) -> None:
+    """A NeMo Gym agent sends no attempt key, so a zombie of the first run (its job was re-dispatched
+    while it still ran) made tool calls into the second run's attempt: its increment was journaled
+    there and the new run's verify rewarded 0. The gateway now gives each run's ``seed_session`` a
+    cookie, which the agent carries on as NeMo Gym's agents do; a call with an older run's cookie is
+    refused (409 stale_attempt), in this gateway's life and after a restart of it."""
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    base = f"{gateway.url}/r/zomb/tools/counter"
+    with httpx.Client() as old, httpx.Client() as new:  # two runs of the agent, each with its cookie jar
+        try:
+            assert old.post(base + "/seed_session", json={"initial_count": 0}).status_code == 200
+            assert old.post(base + "/increment_counter", json={"count": 2}).status_code == 200
+            assert new.post(base + "/seed_session", json={"initial_count": 0}).status_code == 200  # run 2
+            assert new.post(base + "/increment_counter", json={"count": 2}).status_code == 200  # from the journal
+            zombie = old.post(base + "/increment_counter", json={"count": 3})
+            assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
+            gateway.close()
+            gateway = start_gateway(tools=[f"counter={counter.url}"])  # the gateway restarts
+            base = f"{gateway.url}/r/zomb/tools/counter"
+            assert new.post(base + "/get_counter_value", json={}).json() == {"count": 2}
+            zombie = old.post(base + "/increment_counter", json={"count": 3})
+            assert zombie.status_code == 409, zombie.text
+            verified = new.post(base + "/verify", json={"expected_count": 2}).json()
+            assert verified["reward"] == 1.0, verified
+        finally:
+            gateway.close()
+    increments = [m.args_json for m in mutations(tmp_path / "journal", "zomb") if m.op == "increment_counter"]
+    assert [json.loads(args)["count"] for args in increments] == [2], increments  # the zombie's 3 never landed
