@@ -12,6 +12,7 @@ import hashlib
 import hmac
 import json
 import uuid
+from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
 import httpx
@@ -149,6 +150,29 @@ class CounterServer:
         self.stop()
 
 
+class ResourcesClient:
+    """How NeMo Gym's agents hold a resources server's cookies: none kept by the HTTP client (its
+    aiohttp session has a ``DummyCookieJar``, ``nemo_gym/server_utils.py``), the last answer's sent
+    with the next call, replaced by each answer's (``simple_agent/app.py``:
+    ``resources_server_cookies = api_response.cookies``)."""
+
+    def __init__(self, client: httpx.Client, url: str) -> None:
+        self.client = client
+        self.url = url
+        self.cookies: dict[str, str] = {}
+
+    def post(self, route: str, body: dict[str, Any]) -> httpx.Response:
+        headers = {"cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())} if self.cookies else {}
+        answer = self.client.post(f"{self.url}/{route}", json=body, headers=headers)
+        self.cookies = dict(answer.cookies)
+        return answer
+
+
+def cookieless_client(timeout_s: float = 120) -> httpx.Client:
+    """An HTTP client that keeps no cookies, as NeMo Gym's."""
+    return httpx.Client(timeout=timeout_s, cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])))
+
+
 def simple_agent_loop(
     model_url: str, resources_url: str, body: dict[str, Any], *, max_steps: int = 8, stop_after_calls: int | None = None
 ) -> dict[str, Any] | None:
@@ -172,15 +196,11 @@ def simple_agent_loop(
         calls += 1
         return stop_after_calls is not None and calls > stop_after_calls
 
-    def jar(cookies: dict[str, str]) -> dict[str, str]:  # sent per request, as the agent does (:187-192)
-        return {"cookie": "; ".join(f"{k}={v}" for k, v in cookies.items())} if cookies else {}
-
-    with httpx.Client(timeout=120) as client:
-        cookies: dict[str, str] = {}
+    with cookieless_client() as client:
+        resources = ResourcesClient(client, resources_url)
         if counted():
             return None
-        seeded = client.post(f"{resources_url}/seed_session", json=body, headers=jar(cookies))
-        cookies.update(seeded.cookies)
+        resources.post("seed_session", body)
         params = body["responses_create_params"]
         first = params["input"]
         inputs = [{"role": "user", "content": first, "type": "message"}] if isinstance(first, str) else list(first)
@@ -207,11 +227,9 @@ def simple_agent_loop(
                 else:
                     if counted():
                         return None
-                    result = client.post(f"{resources_url}/{call['name']}", json=args, headers=jar(cookies))
-                    cookies.update(result.cookies)
-                    text = result.text
+                    text = resources.post(call["name"], args).text
                 new_outputs.append({"type": "function_call_output", "call_id": call["call_id"], "output": text})
         if counted():
             return None
-        verified = client.post(f"{resources_url}/verify", json={**body, "response": response}, headers=jar(cookies))
+        verified = resources.post("verify", {**body, "response": response})
         return verified.json()

@@ -57,6 +57,7 @@ from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.model.generation import TokenChunk
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
 from rollout_journal.participants.remote.gateway import openai_shapes as shapes
+from rollout_journal.participants.remote.gateway.cookies import attempt_cookie, give_attempt_cookie
 from rollout_journal.participants.remote.gateway.errors import GatewayError, answer_for
 from rollout_journal.participants.remote.gateway.forwarding import Forwarder
 from rollout_journal.participants.remote.gateway.tools import SEED, VERIFY, ToolGateway, parse_tool_servers
@@ -78,12 +79,6 @@ __all__ = ["Gateway", "GatewayConfig", "ROLLOUT_ID"]
 log = logging.getLogger(__name__)
 ROLLOUT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")  # NeMo Gym's pattern (rollout_correlation.py:38)
 _PREFIXES = ("/r/", "/ng-rollout/")
-
-
-def attempt_cookie(rollout: str) -> str:
-    """The cookie that names a run of a NeMo Gym agent (which sends no attempt key, but carries its
-    ``seed_session``'s cookies on): ``rj_attempt.<rollout>``."""
-    return f"rj_attempt.{rollout}"
 
 
 class GatewayConfig(BaseModel):
@@ -341,7 +336,7 @@ class Gateway:
             0,
             0,
             current.session.epoch if current else (state.epoch if state else 0),
-            f"a newer run of the agent (attempt key {self.attempt_keys.get(rollout)})",
+            "a newer run of the agent",
         )
 
     async def chat_for(
@@ -584,9 +579,10 @@ class Gateway:
             raise GatewayError(404, "not_found", f"POST /tools/{server}/<route>: name the route")
         self.tools.server(server)
         body = await self._body(request)
-        # A NeMo Gym agent sends no attempt key, but carries the cookies of its seed_session into its
-        # tool calls and verify: a seed_session without a key is a run of the agent, given one here.
-        minted = uuid.uuid4().hex if op == SEED and self._attempt_key(request, rollout)[0] is None else None
+        # A NeMo Gym agent names its run by the cookie its tool answers carry (gateway.cookies): a
+        # seed_session without a header key starts a run, whatever cookie it brings along.
+        key, from_header = self._attempt_key(request, rollout)
+        minted = uuid.uuid4().hex if op == SEED and not from_header else None
         chat = await self.chat_for(request, rollout, key=minted)
         session = chat.session
         if op == SEED and session.position != (0, 0):  # an episode starts with seed_session: a re-drive
@@ -606,10 +602,9 @@ class Gateway:
                 await chat.finish(reward)
                 self._retire_chats()
         response = Response(text, status, media_type=content_type.split(";")[0] or "application/json")
-        if minted is not None:
-            # Named after the rollout and valid on every path: a client with one cookie jar for many
-            # rollouts (and for the model routes) sends each rollout its own.
-            response.set_cookie(attempt_cookie(rollout), minted, path="/", httponly=True, samesite="strict")
+        run = minted or (key if not from_header else None)
+        if run is not None:  # again on every answer: the agent sends on only its last answer's cookies
+            give_attempt_cookie(response, rollout, run)
         return response
 
     # -- control --------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from rollout_journal.participants.remote.gateway.cookies import keeps_no_cookies
 from rollout_journal.participants.session.errors import NotOwnerError
 from rollout_journal.participants.session.ownership import Remote
 
@@ -45,7 +46,9 @@ class Forwarder:
         if self._client is None:
             # No read timeout: the owner answers when its model call is done, as it would directly.
             timeout = httpx.Timeout(None, connect=self.connect_timeout_s)
-            self._client = httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=None))
+            self._client = httpx.AsyncClient(
+                timeout=timeout, limits=httpx.Limits(max_connections=None), cookies=keeps_no_cookies()
+            )
         return self._client
 
     async def forward(self, request: Request, rollout: str, route: Remote, body: bytes) -> Response:

@@ -34,9 +34,9 @@ import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from http.cookiejar import CookieJar, DefaultCookiePolicy
 from typing import Any
 
+from rollout_journal.participants.remote.gateway.cookies import keeps_no_cookies
 from rollout_journal.participants.remote.gateway.errors import (
     GatewayError,
     ToolReplayDivergedError,
@@ -116,7 +116,7 @@ class ToolGateway:
             self._client = httpx.AsyncClient(
                 timeout=self.timeout_s,
                 limits=httpx.Limits(max_connections=256),
-                cookies=CookieJar(DefaultCookiePolicy(allowed_domains=[])),
+                cookies=keeps_no_cookies(),
             )
         return self._client
 

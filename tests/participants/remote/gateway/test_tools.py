@@ -17,7 +17,13 @@ import pytest
 from rollout_journal.journal import ResourceMutation, open_journal
 from rollout_journal.participants.model.tiny_model import tiny_model_dir
 from tests.support.fixed_rate_upstream import FixedRateUpstream
-from tests.support.nemo_gym_protocol import COUNTER_TOOLS, CounterServer, simple_agent_loop
+from tests.support.nemo_gym_protocol import (
+    COUNTER_TOOLS,
+    CounterServer,
+    ResourcesClient,
+    cookieless_client,
+    simple_agent_loop,
+)
 
 SCRIPT = [
     '<tool_call>{"name": "increment_counter", "arguments": {"count": 2}}</tool_call>',
@@ -369,26 +375,31 @@ def test_a_long_lived_gateway_lets_go_of_finished_rollouts(counter, start_gatewa
 def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path, counter, start_gateway) -> None:
     """A NeMo Gym agent sends no attempt key, so a zombie of the first run (its job was re-dispatched
     while it still ran) made tool calls into the second run's attempt: its increment was journaled
-    there and the new run's verify rewarded 0. The gateway now gives each run's ``seed_session`` a
-    cookie, which the agent carries on as NeMo Gym's agents do; a call with an older run's cookie is
-    refused (409 stale_attempt), in this gateway's life and after a restart of it."""
+    there and the new run's verify rewarded 0. The gateway now names each run by a cookie on every
+    tool answer, which the agent sends on as NeMo Gym's agents do (the last answer's cookies only,
+    none kept by the client); a call with an older run's cookie is refused (409 stale_attempt), in
+    this gateway's life and after a restart of it."""
     gateway = start_gateway(tools=[f"counter={counter.url}"])
-    base = f"{gateway.url}/r/zomb/tools/counter"
-    with httpx.Client() as old, httpx.Client() as new:  # two runs of the agent, each with its cookie jar
+    with cookieless_client(30) as client:
+        old = ResourcesClient(client, f"{gateway.url}/r/zomb/tools/counter")  # two runs of the agent
+        new = ResourcesClient(client, f"{gateway.url}/r/zomb/tools/counter")
         try:
-            assert old.post(base + "/seed_session", json={"initial_count": 0}).status_code == 200
-            assert old.post(base + "/increment_counter", json={"count": 2}).status_code == 200
-            assert new.post(base + "/seed_session", json={"initial_count": 0}).status_code == 200  # run 2
-            assert new.post(base + "/increment_counter", json={"count": 2}).status_code == 200  # from the journal
-            zombie = old.post(base + "/increment_counter", json={"count": 3})
+            assert old.post("seed_session", {"initial_count": 0}).status_code == 200
+            assert old.post("increment_counter", {"count": 2}).status_code == 200
+            assert old.post("get_counter_value", {}).json() == {"count": 2}
+            assert new.post("seed_session", {"initial_count": 0}).status_code == 200  # run 2
+            assert new.post("increment_counter", {"count": 2}).status_code == 200  # from the journal
+            kept = dict(old.cookies)
+            zombie = old.post("increment_counter", {"count": 3})
             assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
             gateway.close()
             gateway = start_gateway(tools=[f"counter={counter.url}"])  # the gateway restarts
-            base = f"{gateway.url}/r/zomb/tools/counter"
-            assert new.post(base + "/get_counter_value", json={}).json() == {"count": 2}
-            zombie = old.post(base + "/increment_counter", json={"count": 3})
+            old.url = new.url = f"{gateway.url}/r/zomb/tools/counter"
+            assert new.post("get_counter_value", {}).json() == {"count": 2}
+            old.cookies = kept  # what the zombie holds
+            zombie = old.post("increment_counter", {"count": 3})
             assert zombie.status_code == 409, zombie.text
-            verified = new.post(base + "/verify", json={"expected_count": 2}).json()
+            verified = new.post("verify", {"expected_count": 2}).json()
             assert verified["reward"] == 1.0, verified
         finally:
             gateway.close()
