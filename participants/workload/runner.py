@@ -447,13 +447,19 @@ class Runner:
         """Cancel every rollout's drive and the coordinated checkpoints, and wait until they are
         done: whoever ends the runner (``run``; a fleet's worker, which drives through ``launch``)
         leaves nothing of it running in an event loop that may live on."""
+        await self.stop_checkpoints()
         running = [t for t in self._drives.values() if not t.done()]
-        if self._checkpoints is not None:
-            running.append(self._checkpoints)
         for task in running:
             task.cancel()
         await asyncio.gather(*running, return_exceptions=True)
-        self._checkpoints = None
+
+    async def stop_checkpoints(self) -> None:
+        """Cancel the coordinated checkpoints and wait until they are done (a worker that leaves
+        stops them before it gives its partitions up: no checkpoint runs beside a hand-off)."""
+        task, self._checkpoints = self._checkpoints, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def _checkpoint_periodically(self) -> None:
         assert self.checkpointer is not None

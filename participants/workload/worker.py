@@ -335,6 +335,8 @@ class FleetWorker:
                     self._pick_up(new)
                     self._post("workloads", [], {})
         finally:
+            for workload in self.workloads.values():
+                await workload.runner.stop_checkpoints()
             await asyncio.to_thread(group.close)  # the group revokes every owned partition: let go at once
             backend.disown(range(backend.partitions))  # and after a failure (the group stopped first): nothing more
             if acks is not None:
@@ -347,7 +349,7 @@ class FleetWorker:
             await asyncio.gather(*self._takes.values(), return_exceptions=True)
             for workload in self.workloads.values():
                 await workload.runner.drop(list(workload.runner.live), why=None)
-                await workload.runner.stop_tasks()  # its coordinated checkpoints
+                await workload.runner.stop_tasks()  # anything a take launched since the first stop
                 await workload.runner.environments.aclose()  # its resource-server connections
                 await workload.runner.model.backend.aclose()  # connections and threads of this event loop
             if feed is not None:
