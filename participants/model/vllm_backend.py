@@ -130,6 +130,7 @@ class VllmEngine:
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._ids = itertools.count()
         self._stopped: BaseException | None = None  # what ended the engine thread; set under _stop_lock
+        self._batch: list[tuple[str, Any]] = []  # the commands the engine thread took last
         self._stop_lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="vllm-engine", daemon=True)
         self._thread.start()
@@ -197,13 +198,16 @@ class VllmEngine:
             for request_id in list(self._streams):
                 self._deliver(request_id, self._ended())
             self._streams.clear()
+            left = self._batch  # taken off the queue, perhaps not yet run, when it ended
             while True:
                 try:
-                    kind, arg = self._commands.get_nowait()
+                    left.append(self._commands.get_nowait())
                 except queue.Empty:
                     break
-                if kind == "call" and arg[1].set_running_or_notify_cancel():
-                    arg[1].set_exception(self._ended())
+            for kind, arg in left:
+                if kind == "call" and not arg[1].done():
+                    with contextlib.suppress(concurrent.futures.InvalidStateError):  # cancelled meanwhile
+                        arg[1].set_exception(self._ended())
                 elif kind == "add":
                     request_id, _, _, _, loop, out = arg
                     with contextlib.suppress(RuntimeError):  # that event loop is closed: nobody waits
@@ -215,7 +219,7 @@ class VllmEngine:
 
         while True:
             busy = self.engine.has_unfinished_requests()
-            commands = []
+            commands = self._batch = []
             try:
                 commands.append(self._commands.get(block=not busy))
                 while True:
