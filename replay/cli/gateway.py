@@ -91,6 +91,13 @@ def add_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> Non
     p.add_argument("--default-max-tokens", type=int, default=256, help="max_tokens of a request that names none")
     p.add_argument("--upstream-retries", type=int, default=3, help="retries of a refused or unreachable upstream")
     p.add_argument(
+        "--tool-timeout-s",
+        type=float,
+        default=300.0,
+        help="a tool server that has not answered a call by then is taken as gone: the rollout's session "
+        "there is rebuilt from the journal and the call made again (default: 300)",
+    )
+    p.add_argument(
         "--progress-every-tokens", type=int, default=0, help="journal a long call's progress every N tokens (0: off)"
     )
     p.add_argument(
@@ -118,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         advertise=args.advertise,
         default_max_tokens=args.default_max_tokens,
         upstream_retries=args.upstream_retries,
+        tool_timeout_s=args.tool_timeout_s,
         progress_every_tokens=args.progress_every_tokens,
         finish_on_verify=not args.no_finish_on_verify,
         ng_resources=args.ng_resources,

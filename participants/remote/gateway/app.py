@@ -106,6 +106,9 @@ class GatewayConfig(BaseModel):
     default_max_tokens: int = 256
     snapshot_every_turns: int = 4
     upstream_retries: int = 3
+    # A tool server that has not answered a call by then is taken as gone: the rollout's session there
+    # is rebuilt from the journal and the call made again (see ToolGateway)
+    tool_timeout_s: float = Field(300.0, gt=0.0)
     finish_on_verify: bool = True  # a tool server's /verify reward finishes the rollout
     max_in_flight: int = 512  # model calls admitted at once
     progress_every_tokens: int = 0  # journal a long call's progress every that many tokens (0: off)
@@ -153,7 +156,7 @@ class Gateway:
             snapshot_every_turns=config.snapshot_every_turns,
             progress_every_tokens=config.progress_every_tokens,
         )
-        self.tools = ToolGateway(parse_tool_servers(config.tools))
+        self.tools = ToolGateway(parse_tool_servers(config.tools), timeout_s=config.tool_timeout_s)
         self.chats: dict[str, ChatSession] = {}
         self.attempt_keys: dict[str, str] = {}
         self.fenced_keys: dict[str, set[str]] = {}
