@@ -38,6 +38,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
@@ -442,7 +443,9 @@ class Gateway:
         self, queue: asyncio.Queue[TokenChunk], task: asyncio.Task[Any], model: str, req: shapes.ChatRequest
     ) -> AsyncIterator[str]:
         text = _VisibleText(self.tokenizer)
-        created, call_id, started = 0, "pending", False
+        # One id and one time for every chunk of the stream, as OpenAI's: the call's own id is known only
+        # once it is journaled, after the first tokens went out (a client may group chunks by id).
+        call_id, created, started = f"stream-{uuid.uuid4().hex}", int(time.time()), False
         async for chunk in _drain(queue, task):
             delta = text.add(chunk.ids)
             if not started:
@@ -457,7 +460,6 @@ class Gateway:
             yield "data: " + json.dumps(body) + "\n\n"  # no [DONE]: the client raises
             return
         a = answer.answer
-        created, call_id = a.ts_ms // 1000, a.call_id
         if not started:
             yield shapes.chunk(call_id, created, model, {"role": "assistant", "content": ""})
         rest = answer.content[len(text.sent) :] if answer.content.startswith(text.sent) else ""

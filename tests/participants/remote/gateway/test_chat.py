@@ -450,3 +450,18 @@ def test_a_prompt_over_the_models_length_and_an_invented_answer_are_refused(tmp_
     assert answer.status_code == 409 and answer.json()["error"]["type"] == "unknown_history"
     gateway.close()
     assert not [e for e in events(tmp_path / "journal", "long") if isinstance(e, ModelCall)]
+
+
+def test_every_chunk_of_a_stream_has_the_stream_s_one_id(upstream, start_gateway) -> None:
+    """Chunks sent before the call was journaled carried a placeholder id, the same in every stream
+    of every rollout, and the later ones the call's: a client that groups chunks by id (as SSE
+    aggregators do) split one answer in two, or merged the starts of unrelated answers."""
+    gateway = start_gateway()
+    ids = []
+    for rollout in ("s1", "s2"):
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stream": True}
+        with httpx.stream("POST", f"{gateway.url}/r/{rollout}/v1/chat/completions", json=body, timeout=60) as reply:
+            chunks = [json.loads(line[6:]) for line in reply.iter_lines() if line.startswith("data: {")]
+        assert len(chunks) >= 2
+        ids.append({chunk["id"] for chunk in chunks})
+    assert [len(one) for one in ids] == [1, 1] and ids[0] != ids[1], ids
