@@ -150,11 +150,12 @@ class CounterServer:
         self.stop()
 
 
-class ResourcesClient:
-    """How NeMo Gym's agents hold a resources server's cookies: none kept by the HTTP client (its
-    aiohttp session has a ``DummyCookieJar``, ``nemo_gym/server_utils.py``), the last answer's sent
-    with the next call, replaced by each answer's (``simple_agent/app.py``:
-    ``resources_server_cookies = api_response.cookies``)."""
+class ServerCookies:
+    """How NeMo Gym's agents hold a server's cookies: none kept by the HTTP client (its aiohttp
+    session has a ``DummyCookieJar``, ``nemo_gym/server_utils.py``), the last answer's sent with the
+    next call to the same server, replaced by each answer's (``simple_agent/app.py``:
+    ``resources_server_cookies = api_response.cookies``, ``model_server_cookies =
+    model_response.cookies``)."""
 
     def __init__(self, client: httpx.Client, url: str) -> None:
         self.client = client
@@ -197,7 +198,7 @@ def simple_agent_loop(
         return stop_after_calls is not None and calls > stop_after_calls
 
     with cookieless_client() as client:
-        resources = ResourcesClient(client, resources_url)
+        resources, model = ServerCookies(client, resources_url), ServerCookies(client, f"{model_url}/v1")
         if counted():
             return None
         resources.post("seed_session", body)
@@ -209,7 +210,7 @@ def simple_agent_loop(
         for _ in range(max_steps):
             if counted():
                 return None
-            reply = client.post(f"{model_url}/v1/responses", json={**params, "input": inputs + new_outputs})
+            reply = model.post("responses", {**params, "input": inputs + new_outputs})
             reply.raise_for_status()
             response = reply.json()
             output = response["output"]

@@ -425,13 +425,16 @@ class Gateway:
         model = req.model or await self.model_name()
         if not req.stream:
             answer = await self._complete(request, rollout, req, None)
-            return JSONResponse(shapes.chat_completion(answer, model, token_ids=req.token_ids))
+            return self._with_run(
+                request, rollout, JSONResponse(shapes.chat_completion(answer, model, token_ids=req.token_ids))
+            )
         queue = _Chunks()
         task = self._spawn(self._complete(request, rollout, req, queue.put_chunk))
         await _first_event(queue, task)
         if task.done() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-        return StreamingResponse(self._chat_events(queue, task, model, req), media_type="text/event-stream")
+        stream = StreamingResponse(self._chat_events(queue, task, model, req), media_type="text/event-stream")
+        return self._with_run(request, rollout, stream)
 
     def _spawn(self, work: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(work)
@@ -481,15 +484,28 @@ class Gateway:
         model = req.chat.model or await self.model_name()
         if not req.chat.stream:
             answer = await self._complete(request, rollout, req.chat, None)
-            return JSONResponse(shapes.response_object(answer, body, model, token_ids=token_ids))
+            return self._with_run(
+                request, rollout, JSONResponse(shapes.response_object(answer, body, model, token_ids=token_ids))
+            )
         queue = _Chunks()
         task = self._spawn(self._complete(request, rollout, req.chat, queue.put_chunk))
         await _first_event(queue, task)
         if task.done() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-        return StreamingResponse(
+        stream = StreamingResponse(
             self._response_events(queue, task, model, body, token_ids), media_type="text/event-stream"
         )
+        return self._with_run(request, rollout, stream)
+
+    def _with_run(self, request: Request, rollout: str, response: Response) -> Response:
+        """``response`` with the current run's cookie, for an agent that names its runs by none of its
+        own (gateway.cookies): a NeMo Gym agent sends its last model answer's cookies with its next
+        model call, so from its second model call on, a zombie's is refused as its tool calls are."""
+        if not self._attempt_key(request, rollout)[1]:
+            run = self.attempt_keys.get(rollout)
+            if run is not None:
+                give_attempt_cookie(response, rollout, run)
+        return response
 
     async def _response_events(
         self,

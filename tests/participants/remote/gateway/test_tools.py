@@ -20,7 +20,7 @@ from tests.support.fixed_rate_upstream import FixedRateUpstream
 from tests.support.nemo_gym_protocol import (
     COUNTER_TOOLS,
     CounterServer,
-    ResourcesClient,
+    ServerCookies,
     cookieless_client,
     simple_agent_loop,
 )
@@ -381,16 +381,22 @@ def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path
     this gateway's life and after a restart of it."""
     gateway = start_gateway(tools=[f"counter={counter.url}"])
     with cookieless_client(30) as client:
-        old = ResourcesClient(client, f"{gateway.url}/r/zomb/tools/counter")  # two runs of the agent
-        new = ResourcesClient(client, f"{gateway.url}/r/zomb/tools/counter")
+        old = ServerCookies(client, f"{gateway.url}/r/zomb/tools/counter")  # two runs of the agent
+        new = ServerCookies(client, f"{gateway.url}/r/zomb/tools/counter")
         try:
             assert old.post("seed_session", {"initial_count": 0}).status_code == 200
             assert old.post("increment_counter", {"count": 2}).status_code == 200
             assert old.post("get_counter_value", {}).json() == {"count": 2}
+            asked = {"input": "Add 2, then 3.", "tools": COUNTER_TOOLS, "max_output_tokens": 16}
+            old_model = ServerCookies(client, f"{gateway.url}/r/zomb/v1")
+            assert old_model.post("responses", asked).status_code == 200
+            assert old_model.cookies, "a model answer gives the run's cookie too"
             assert new.post("seed_session", {"initial_count": 0}).status_code == 200  # run 2
             assert new.post("increment_counter", {"count": 2}).status_code == 200  # from the journal
             kept = dict(old.cookies)
             zombie = old.post("increment_counter", {"count": 3})
+            assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
+            zombie = old_model.post("responses", asked)  # with its last model answer's cookies
             assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
             gateway.close()
             gateway = start_gateway(tools=[f"counter={counter.url}"])  # the gateway restarts
