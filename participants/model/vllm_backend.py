@@ -171,7 +171,9 @@ class VllmEngine:
         out.put_nowait(self._ended())
 
     def abort(self, request_id: str) -> None:
-        self._commands.put(("abort", request_id))
+        with self._stop_lock:
+            if self._stopped is None:  # an engine that is gone has nothing to abort, and nobody to read it
+                self._commands.put(("abort", request_id))
 
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
         """Run ``fn(llm_engine)`` on the engine thread between two steps; its result or error."""
