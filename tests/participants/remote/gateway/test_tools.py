@@ -7,21 +7,29 @@ on re-apply, or the rollout restarts from turn 0 (restart_only)."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
 
 from rollout_journal.journal import ResourceMutation, open_journal
 from rollout_journal.participants.model.tiny_model import tiny_model_dir
+from rollout_journal.participants.remote.gateway.tools import ToolGateway, ToolServer
+from rollout_journal.participants.remote.serving import ThreadedServer
+from rollout_journal.participants.rollout.effects import TOOL, Effect
+from rollout_journal.participants.session.api import ToolContext
 from tests.support.fixed_rate_upstream import FixedRateUpstream
 from tests.support.nemo_gym_protocol import (
     COUNTER_TOOLS,
     CounterServer,
     ServerCookies,
     cookieless_client,
+    counter_app,
     simple_agent_loop,
 )
 
@@ -205,47 +213,42 @@ def test_nemo_gyms_own_rollout_prefix_reaches_both_gateways(start_gateway, count
     assert httpx.get(f"{gateway.url}/r/7-2/status").json()["finished"]
 
 
+class OneRolloutsToolCalls:
+    """A rollout's tool calls made straight through a tool gateway, the session's part played by the
+    list of effects journaled so far (what a rebuild re-applies): for faults the HTTP path cannot
+    time, such as a request cancelled between two re-applied calls."""
+
+    def __init__(self, gateway: ToolGateway, server: str, rollout_id: str) -> None:
+        self.gateway = gateway
+        self.server = gateway.server(server)
+        self.rollout = SimpleNamespace(rollout_id=rollout_id)  # the one attribute the tool gateway reads of a session
+        self.journaled: list[Effect] = []
+
+    async def call(self, op: str, args: dict, *, attempt: int = 1, journal: bool = True) -> dict:
+        """The call's answer body; journaled (as the session would) unless ``journal`` is False."""
+        rid, done = self.rollout.rollout_id, len(self.journaled)
+        ctx = ToolContext(rid, attempt, attempt, f"k{done}", done, list(self.journaled))
+        outcome = await self.gateway._live_call(self.rollout, self.server, op, args, ctx)  # type: ignore[arg-type]
+        if journal:
+            result = json.dumps(outcome.result)
+            effect = Effect(0, done, TOOL, "", "", attempt, op=op, args_json=json.dumps(args), result_json=result)
+            self.journaled.append(dataclasses.replace(effect, resource_id=f"{rid}/{self.server.name}"))
+        return json.loads(outcome.result["body"])
+
+
 def test_a_rebuild_cut_short_is_done_again_not_half_kept(counter) -> None:
     """A rebuild of a lost server session re-applies the rollout's journaled calls one by one. Cut
     off half way (its request cancelled: the agent gave up waiting), the half-rebuilt session must
     not be kept: the next call of the same attempt would run against a server session missing the
     rest of the journaled calls (here: a counter at 2 where the journal says 5)."""
-    import asyncio
-    import json
-    from types import SimpleNamespace
-
-    from rollout_journal.participants.remote.gateway.tools import ToolGateway, ToolServer
-    from rollout_journal.participants.rollout.effects import TOOL, Effect
-    from rollout_journal.participants.session.api import ToolContext
-
-    rollout = SimpleNamespace(rollout_id="r-rebuild")  # the one attribute the tool gateway reads of a session
-
-    def context(attempt: int, journaled: list[Effect]) -> ToolContext:
-        return ToolContext("r-rebuild", attempt, attempt, f"k{len(journaled)}", len(journaled), journaled)
 
     async def scenario() -> dict:
         gateway = ToolGateway({"counter": ToolServer("counter", counter.url)})
-        server = gateway.server("counter")
-        journaled: list[Effect] = []
+        calls = OneRolloutsToolCalls(gateway, "counter", "r-rebuild")
         try:
-            for op, args in [("seed_session", {"initial_count": 0}), ("increment_counter", {"count": 2})] + [
-                ("increment_counter", {"count": 3})
-            ]:
-                outcome = await gateway._live_call(rollout, server, op, args, context(1, journaled))  # type: ignore[arg-type]
-                journaled.append(
-                    Effect(
-                        0,
-                        len(journaled),
-                        TOOL,
-                        "",
-                        "",
-                        1,
-                        op=op,
-                        args_json=json.dumps(args),
-                        result_json=json.dumps(outcome.result),
-                        resource_id="r-rebuild/counter",
-                    )
-                )
+            await calls.call("seed_session", {"initial_count": 0})
+            await calls.call("increment_counter", {"count": 2})
+            await calls.call("increment_counter", {"count": 3})
             await asyncio.to_thread(counter.restart)  # the server lost every session
             posts = 0
             post = gateway._post
@@ -259,13 +262,10 @@ def test_a_rebuild_cut_short_is_done_again_not_half_kept(counter) -> None:
                 return answer
 
             gateway._post = post_then_give_up  # type: ignore[method-assign]
-            cut = asyncio.create_task(
-                gateway._live_call(rollout, server, "get_counter_value", {}, context(2, journaled))  # type: ignore[arg-type]
-            )
+            cut = asyncio.create_task(calls.call("get_counter_value", {}, attempt=2, journal=False))
             await asyncio.gather(cut, return_exceptions=True)
             gateway._post = post  # type: ignore[method-assign]
-            outcome = await gateway._live_call(rollout, server, "get_counter_value", {}, context(2, journaled))  # type: ignore[arg-type]
-            return json.loads(outcome.result["body"])
+            return await calls.call("get_counter_value", {}, attempt=2, journal=False)
         finally:
             await gateway.aclose()
 
@@ -278,18 +278,7 @@ def test_a_call_the_server_did_not_answer_in_time_moves_the_rollout_to_a_rebuilt
     counter at 4 where the journal holds one increment of 2). A call not answered in time now
     counts as the server gone: the rollout moves to a session rebuilt from the journal and the call
     is made there, once."""
-    import asyncio
-    import json
-    from types import SimpleNamespace
-
-    from rollout_journal.participants.remote.gateway.tools import ToolGateway, ToolServer
-    from rollout_journal.participants.remote.serving import ThreadedServer
-    from rollout_journal.participants.rollout.effects import TOOL, Effect
-    from rollout_journal.participants.session.api import ToolContext
-    from tests.support.nemo_gym_protocol import counter_app
-
-    state: dict[str, int] = {}
-    inner = counter_app(state, [])
+    inner = counter_app({}, [])
     late = {"increment_counter": 1}  # answers owed late: the first increment, after applying it
 
     async def slow_once(scope, receive, send) -> None:
@@ -307,39 +296,17 @@ def test_a_call_the_server_did_not_answer_in_time_moves_the_rollout_to_a_rebuilt
         await inner(scope, receive, send_late)
 
     server = ThreadedServer(lambda: slow_once, name="slow-counter")
-    rollout = SimpleNamespace(rollout_id="r-late")  # the one attribute the tool gateway reads of a session
 
     async def scenario() -> dict:
         gateway = ToolGateway({"counter": ToolServer("counter", server.url)}, timeout_s=0.5, backoff_s=0.05)
-        counter = gateway.server("counter")
-        journaled: list[Effect] = []
-
-        async def call(op: str, args: dict) -> dict:
-            ctx = ToolContext("r-late", 1, 1, f"k{len(journaled)}", len(journaled), list(journaled))
-            outcome = await gateway._live_call(rollout, counter, op, args, ctx)  # type: ignore[arg-type]
-            journaled.append(
-                Effect(
-                    0,
-                    len(journaled),
-                    TOOL,
-                    "",
-                    "",
-                    1,
-                    op=op,
-                    args_json=json.dumps(args),
-                    result_json=json.dumps(outcome.result),
-                    resource_id="r-late/counter",
-                )
-            )
-            return json.loads(outcome.result["body"])
-
+        calls = OneRolloutsToolCalls(gateway, "counter", "r-late")
         try:
-            await call("seed_session", {"initial_count": 0})
+            await calls.call("seed_session", {"initial_count": 0})
             try:
-                await call("increment_counter", {"count": 2})
+                await calls.call("increment_counter", {"count": 2})
             except Exception:  # before: the timeout reached the agent, which retried
-                await call("increment_counter", {"count": 2})
-            return await call("get_counter_value", {})
+                await calls.call("increment_counter", {"count": 2})
+            return await calls.call("get_counter_value", {})
         finally:
             await gateway.aclose()
 
