@@ -161,6 +161,7 @@ class Gateway:
         self.chats: dict[str, ChatSession] = {}
         self.attempt_keys: dict[str, str] = {}
         self.fenced_keys: dict[str, set[str]] = {}
+        self.seeded_runs: set[str] = set()  # rollouts whose current run a seed_session started (keyed by cookie)
         self.opened: dict[str, RolloutRef] = {}  # refs given by POST /open (group, size)
         self.metrics: Counter[str] = Counter()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -229,7 +230,7 @@ class Gateway:
             else:
                 response = await self._serve(request, rollout, rest)
             self.metrics[f"status_{response.status_code}"] += 1
-            return response
+            return self._with_run_cookie(request, rollout, response)
         except ClientDisconnect:
             return Response(status_code=499)
         except Exception as exc:
@@ -237,7 +238,19 @@ class Gateway:
             self.metrics[f"status_{answer.status_code}"] += 1
             body = json.loads(bytes(answer.body))
             self.metrics[f"error_{body['error']['type']}"] += 1
-            return answer
+            return self._with_run_cookie(request, rollout, answer) if rollout is not None else answer
+
+    def _with_run_cookie(self, request: Request, rollout: str, response: Response) -> Response:
+        """``response`` with the run cookie its request brought (gateway.cookies), errors included: a
+        NeMo Gym agent sends on only its last answer's cookies, so an answer without the cookie would
+        leave its next call with no key, unfenced. Only ever the request's own key: the current run's
+        key is given by a ``seed_session`` alone, never to a request that showed none."""
+        key, from_header = self._attempt_key(request, rollout)
+        name = attempt_cookie(rollout).encode() + b"="
+        given = any(k == b"set-cookie" and v.startswith(name) for k, v in response.raw_headers)
+        if key is not None and not from_header and not given:  # given: a seed_session's new run, or the owner's
+            give_attempt_cookie(response, rollout, key)
+        return response
 
     def _moved(self, exc: Exception, rollout: str | None) -> Exception:
         """A call cut off because the rollout's partition left this gateway mid-way (its session was
@@ -349,11 +362,14 @@ class Gateway:
         """The rollout's current chat session; a new attempt when ``fresh`` (a re-driven agent), when
         the request names another attempt key than the session's (``key``: the one the gateway gave
         it, else the request's own), or when none is open here."""
-        starts_runs = key is not None
+        minted_key, starts_runs = key, key is not None
         if key is None:
             key, starts_runs = self._attempt_key(request, rollout)
         lock = self._locks.setdefault(rollout, asyncio.Lock())
         async with lock:
+            held = self.chats.get(rollout)
+            if held is not None and held.session is not self.factory.sessions.get(rollout):
+                self._forget_runs(rollout)  # it left this gateway since (its partition moved): stale knowledge
             if key is not None and key in self.fenced_keys.get(rollout, set()):
                 raise self._stale(rollout)
             if key is not None and not starts_runs and self.attempt_keys.get(rollout) not in (None, key):
@@ -362,8 +378,8 @@ class Gateway:
             usable = chat is not None and chat.session is self.factory.sessions.get(rollout)
             same_run = key is None or self.attempt_keys.get(rollout) in (None, key)
             if chat is not None and usable and same_run and not fresh:
-                if key is not None:
-                    self.attempt_keys.setdefault(rollout, key)  # the run this session serves, from now on
+                if key is not None and rollout not in self.attempt_keys:  # the run this session serves from now on
+                    self._name_run(rollout, key, seeded=key == minted_key or not starts_runs)
                 return chat
             if self.config.require_open and rollout not in self.opened and not self.factory.known(rollout):
                 raise RolloutNotFoundError(rollout)
@@ -381,7 +397,7 @@ class Gateway:
             if key is not None:
                 if previous is not None and previous != key:
                     self.fenced_keys.setdefault(rollout, set()).add(previous)
-                self.attempt_keys[rollout] = key
+                self._name_run(rollout, key, seeded=key == minted_key or not starts_runs)
             chat = ChatSession(session, self.prompts, self.tokenizer)
             self.chats[rollout] = chat
             self.metrics["sessions_opened"] += 1
@@ -405,6 +421,10 @@ class Gateway:
                 chat_request.messages, chat_request.params, tools=chat_request.tools, on_tokens=on_tokens
             )
         except Redrive:
+            if rollout in self.seeded_runs and self._attempt_key(request, rollout)[0] is None:
+                # This rollout's runs start at a seed_session: a keyless call behind the journal is not a
+                # new run (that would have seeded first) but an older run's first model call.
+                raise self._stale(rollout) from None
             self.metrics["redrives"] += 1
             chat = await self.chat_for(request, rollout, fresh=True)
             answer = await chat.complete(
@@ -425,16 +445,13 @@ class Gateway:
         model = req.model or await self.model_name()
         if not req.stream:
             answer = await self._complete(request, rollout, req, None)
-            return self._with_run(
-                request, rollout, JSONResponse(shapes.chat_completion(answer, model, token_ids=req.token_ids))
-            )
+            return JSONResponse(shapes.chat_completion(answer, model, token_ids=req.token_ids))
         queue = _Chunks()
         task = self._spawn(self._complete(request, rollout, req, queue.put_chunk))
         await _first_event(queue, task)
         if task.done() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-        stream = StreamingResponse(self._chat_events(queue, task, model, req), media_type="text/event-stream")
-        return self._with_run(request, rollout, stream)
+        return StreamingResponse(self._chat_events(queue, task, model, req), media_type="text/event-stream")
 
     def _spawn(self, work: Any) -> asyncio.Task[Any]:
         task: asyncio.Task[Any] = asyncio.ensure_future(work)
@@ -484,28 +501,15 @@ class Gateway:
         model = req.chat.model or await self.model_name()
         if not req.chat.stream:
             answer = await self._complete(request, rollout, req.chat, None)
-            return self._with_run(
-                request, rollout, JSONResponse(shapes.response_object(answer, body, model, token_ids=token_ids))
-            )
+            return JSONResponse(shapes.response_object(answer, body, model, token_ids=token_ids))
         queue = _Chunks()
         task = self._spawn(self._complete(request, rollout, req.chat, queue.put_chunk))
         await _first_event(queue, task)
         if task.done() and task.exception() is not None:
             raise task.exception()  # type: ignore[misc]
-        stream = StreamingResponse(
+        return StreamingResponse(
             self._response_events(queue, task, model, body, token_ids), media_type="text/event-stream"
         )
-        return self._with_run(request, rollout, stream)
-
-    def _with_run(self, request: Request, rollout: str, response: Response) -> Response:
-        """``response`` with the current run's cookie, for an agent that names its runs by none of its
-        own (gateway.cookies): a NeMo Gym agent sends its last model answer's cookies with its next
-        model call, so from its second model call on, a zombie's is refused as its tool calls are."""
-        if not self._attempt_key(request, rollout)[1]:
-            run = self.attempt_keys.get(rollout)
-            if run is not None:
-                give_attempt_cookie(response, rollout, run)
-        return response
 
     async def _response_events(
         self,
@@ -602,8 +606,7 @@ class Gateway:
         body = await self._body(request)
         # A NeMo Gym agent names its run by the cookie its tool answers carry (gateway.cookies): a
         # seed_session without a header key starts a run, whatever cookie it brings along.
-        key, from_header = self._attempt_key(request, rollout)
-        minted = uuid.uuid4().hex if op == SEED and not from_header else None
+        minted = uuid.uuid4().hex if op == SEED and not self._attempt_key(request, rollout)[1] else None
         chat = await self.chat_for(request, rollout, key=minted)
         session = chat.session
         if op == SEED and session.position != (0, 0):  # an episode starts with seed_session: a re-drive
@@ -623,9 +626,8 @@ class Gateway:
                 await chat.finish(reward)
                 self._retire_chats()
         response = Response(text, status, media_type=content_type.split(";")[0] or "application/json")
-        run = minted or (key if not from_header else None)
-        if run is not None:  # again on every answer: the agent sends on only its last answer's cookies
-            give_attempt_cookie(response, rollout, run)
+        if minted is not None:  # the new run's key (the dispatch gives every later answer the request's)
+            give_attempt_cookie(response, rollout, minted)
         return response
 
     # -- control --------------------------------------------------------------------------------
@@ -644,6 +646,19 @@ class Gateway:
         chat = await self.chat_for(request, rollout)
         return JSONResponse(chat.session.status())
 
+    def _name_run(self, rollout: str, key: str, *, seeded: bool) -> None:
+        """The rollout's current run is ``key``'s: a header's, or one a seed_session was given."""
+        self.attempt_keys[rollout] = key
+        if seeded:
+            self.seeded_runs.add(rollout)
+        else:
+            self.seeded_runs.discard(rollout)
+
+    def _forget_runs(self, rollout: str) -> None:
+        self.attempt_keys.pop(rollout, None)
+        self.fenced_keys.pop(rollout, None)
+        self.seeded_runs.discard(rollout)
+
     def _retire_chats(self) -> None:
         """Drop what the gateway holds of rollouts the factory let go of (finished, beyond what it
         keeps): their chat sessions, tool-server sessions, attempt keys and refs, and their locks
@@ -654,8 +669,7 @@ class Gateway:
             if chat_is_done(self.chats[rid]):
                 del self.chats[rid]
                 self.tools.forget(rid)
-                self.attempt_keys.pop(rid, None)
-                self.fenced_keys.pop(rid, None)
+                self._forget_runs(rid)
                 self.opened.pop(rid, None)
                 lock = self._locks.get(rid)
                 if lock is not None and not lock.locked():

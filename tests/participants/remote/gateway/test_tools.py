@@ -18,7 +18,9 @@ import httpx
 import pytest
 
 from rollout_journal.journal import ResourceMutation, open_journal
+from rollout_journal.journal.restore import load_rollouts
 from rollout_journal.participants.model.tiny_model import tiny_model_dir
+from rollout_journal.participants.remote.gateway.cookies import attempt_cookie
 from rollout_journal.participants.remote.gateway.tools import ToolGateway, ToolServer
 from rollout_journal.participants.remote.serving import ThreadedServer
 from rollout_journal.participants.rollout.effects import TOOL, Effect
@@ -342,34 +344,39 @@ def test_a_long_lived_gateway_lets_go_of_finished_rollouts(counter, start_gatewa
 def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path, counter, start_gateway) -> None:
     """A NeMo Gym agent sends no attempt key, so a zombie of the first run (its job was re-dispatched
     while it still ran) made tool calls into the second run's attempt: its increment was journaled
-    there and the new run's verify rewarded 0. The gateway now names each run by a cookie on every
-    tool answer, which the agent sends on as NeMo Gym's agents do (the last answer's cookies only,
-    none kept by the client); a call with an older run's cookie is refused (409 stale_attempt), in
-    this gateway's life and after a restart of it."""
+    there and the new run's verify rewarded 0. The gateway now names each run by a cookie: a
+    seed_session starts a run and gets a new key, and every answer, errors included, gives a
+    request's key back, which the agent sends on as NeMo Gym's agents do (the last answer's
+    cookies only, none kept by the client). A call with an older run's cookie is refused (409
+    stale_attempt), again after a refusal, and after a restart of the gateway; so is the older
+    run's keyless model call behind the journal, which used to open a new attempt and fence the
+    current run."""
     gateway = start_gateway(tools=[f"counter={counter.url}"])
+    asked = {"input": "Add 2, then 3.", "tools": COUNTER_TOOLS, "max_output_tokens": 16}
     with cookieless_client(30) as client:
         old = ServerCookies(client, f"{gateway.url}/r/zomb/tools/counter")  # two runs of the agent
         new = ServerCookies(client, f"{gateway.url}/r/zomb/tools/counter")
         try:
             assert old.post("seed_session", {"initial_count": 0}).status_code == 200
             assert old.post("increment_counter", {"count": 2}).status_code == 200
-            assert old.post("get_counter_value", {}).json() == {"count": 2}
-            asked = {"input": "Add 2, then 3.", "tools": COUNTER_TOOLS, "max_output_tokens": 16}
-            old_model = ServerCookies(client, f"{gateway.url}/r/zomb/v1")
-            assert old_model.post("responses", asked).status_code == 200
-            assert old_model.cookies, "a model answer gives the run's cookie too"
             assert new.post("seed_session", {"initial_count": 0}).status_code == 200  # run 2
             assert new.post("increment_counter", {"count": 2}).status_code == 200  # from the journal
+            model = ServerCookies(client, f"{gateway.url}/r/zomb/v1")  # run 2's model calls: two turns
+            first = model.post("responses", asked).json()["output"]
+            user = [{"role": "user", "content": "Add 2, then 3.", "type": "message"}]
+            more = [{"role": "user", "content": "Go on.", "type": "message"}]
+            assert model.post("responses", {**asked, "input": user + first + more}).status_code == 200
             kept = dict(old.cookies)
-            zombie = old.post("increment_counter", {"count": 3})
+            for zombie in (old.post("increment_counter", {"count": 3}), old.post("get_counter_value", {})):
+                assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
+            assert old.cookies == kept, "a refusal gives the request's key back: its next call is refused too"
+            zombie = ServerCookies(client, f"{gateway.url}/r/zomb/v1").post("responses", asked)  # keyless, behind
             assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
-            zombie = old_model.post("responses", asked)  # with its last model answer's cookies
-            assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
+            assert new.post("get_counter_value", {}).json() == {"count": 2}, "run 2 was fenced by the zombie"
             gateway.close()
             gateway = start_gateway(tools=[f"counter={counter.url}"])  # the gateway restarts
             old.url = new.url = f"{gateway.url}/r/zomb/tools/counter"
             assert new.post("get_counter_value", {}).json() == {"count": 2}
-            old.cookies = kept  # what the zombie holds
             zombie = old.post("increment_counter", {"count": 3})
             assert zombie.status_code == 409, zombie.text
             verified = new.post("verify", {"expected_count": 2}).json()
@@ -378,3 +385,26 @@ def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path
             gateway.close()
     increments = [m.args_json for m in mutations(tmp_path / "journal", "zomb") if m.op == "increment_counter"]
     assert [json.loads(args)["count"] for args in increments] == [2], increments  # the zombie's 3 never landed
+
+
+def test_what_a_gateway_knew_of_a_rollout_s_runs_ends_when_its_partition_leaves(counter, start_gateway) -> None:
+    """Under group ownership a rollout's partition can move to another gateway and back. The runs
+    this gateway knew from before are stale then: the run that started at the other owner (its
+    seed_session went there) must be served here, not refused as a zombie because this gateway
+    still held the older run's key."""
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    try:
+        with cookieless_client(30) as client:
+            first = ServerCookies(client, f"{gateway.url}/r/mv/tools/counter")
+            assert first.post("seed_session", {"initial_count": 0}).status_code == 200
+            assert first.post("increment_counter", {"count": 2}).status_code == 200
+            factory = gateway.gateway.factory
+            partition = factory.journal.partition_of("mv")  # it moves away, and comes back:
+            factory._taken(partition, load_rollouts(factory.journal, partitions={partition}))
+            other = ServerCookies(client, first.url)
+            other.cookies = {attempt_cookie("mv"): "k-run-2"}  # the run that seeded at the other owner, back here
+            assert other.post("get_counter_value", {}).json() == {"count": 2}
+            stale = first.post("increment_counter", {"count": 3})
+            assert stale.status_code == 409 and stale.json()["error"]["type"] == "stale_attempt", stale.text
+    finally:
+        gateway.close()
