@@ -161,7 +161,6 @@ class Gateway:
         self.chats: dict[str, ChatSession] = {}
         self.attempt_keys: dict[str, str] = {}
         self.fenced_keys: dict[str, set[str]] = {}
-        self.seeded_runs: set[str] = set()  # rollouts whose current run a seed_session started (keyed by cookie)
         self.opened: dict[str, RolloutRef] = {}  # refs given by POST /open (group, size)
         self.metrics: Counter[str] = Counter()
         self._locks: dict[str, asyncio.Lock] = {}
@@ -362,7 +361,7 @@ class Gateway:
         """The rollout's current chat session; a new attempt when ``fresh`` (a re-driven agent), when
         the request names another attempt key than the session's (``key``: the one the gateway gave
         it, else the request's own), or when none is open here."""
-        minted_key, starts_runs = key, key is not None
+        starts_runs = key is not None
         if key is None:
             key, starts_runs = self._attempt_key(request, rollout)
         lock = self._locks.setdefault(rollout, asyncio.Lock())
@@ -379,7 +378,7 @@ class Gateway:
             same_run = key is None or self.attempt_keys.get(rollout) in (None, key)
             if chat is not None and usable and same_run and not fresh:
                 if key is not None and rollout not in self.attempt_keys:  # the run this session serves from now on
-                    self._name_run(rollout, key, seeded=key == minted_key or not starts_runs)
+                    self.attempt_keys[rollout] = key
                 return chat
             if self.config.require_open and rollout not in self.opened and not self.factory.known(rollout):
                 raise RolloutNotFoundError(rollout)
@@ -397,7 +396,7 @@ class Gateway:
             if key is not None:
                 if previous is not None and previous != key:
                     self.fenced_keys.setdefault(rollout, set()).add(previous)
-                self._name_run(rollout, key, seeded=key == minted_key or not starts_runs)
+                self.attempt_keys[rollout] = key
             chat = ChatSession(session, self.prompts, self.tokenizer)
             self.chats[rollout] = chat
             self.metrics["sessions_opened"] += 1
@@ -421,10 +420,6 @@ class Gateway:
                 chat_request.messages, chat_request.params, tools=chat_request.tools, on_tokens=on_tokens
             )
         except Redrive:
-            if rollout in self.seeded_runs and self._attempt_key(request, rollout)[0] is None:
-                # This rollout's runs start at a seed_session: a keyless call behind the journal is not a
-                # new run (that would have seeded first) but an older run's first model call.
-                raise self._stale(rollout) from None
             self.metrics["redrives"] += 1
             chat = await self.chat_for(request, rollout, fresh=True)
             answer = await chat.complete(
@@ -646,18 +641,9 @@ class Gateway:
         chat = await self.chat_for(request, rollout)
         return JSONResponse(chat.session.status())
 
-    def _name_run(self, rollout: str, key: str, *, seeded: bool) -> None:
-        """The rollout's current run is ``key``'s: a header's, or one a seed_session was given."""
-        self.attempt_keys[rollout] = key
-        if seeded:
-            self.seeded_runs.add(rollout)
-        else:
-            self.seeded_runs.discard(rollout)
-
     def _forget_runs(self, rollout: str) -> None:
         self.attempt_keys.pop(rollout, None)
         self.fenced_keys.pop(rollout, None)
-        self.seeded_runs.discard(rollout)
 
     def _retire_chats(self) -> None:
         """Drop what the gateway holds of rollouts the factory let go of (finished, beyond what it

@@ -348,9 +348,7 @@ def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path
     seed_session starts a run and gets a new key, and every answer, errors included, gives a
     request's key back, which the agent sends on as NeMo Gym's agents do (the last answer's
     cookies only, none kept by the client). A call with an older run's cookie is refused (409
-    stale_attempt), again after a refusal, and after a restart of the gateway; so is the older
-    run's keyless model call behind the journal, which used to open a new attempt and fence the
-    current run."""
+    stale_attempt), again after a refusal, and after a restart of the gateway."""
     gateway = start_gateway(tools=[f"counter={counter.url}"])
     asked = {"input": "Add 2, then 3.", "tools": COUNTER_TOOLS, "max_output_tokens": 16}
     with cookieless_client(30) as client:
@@ -370,9 +368,7 @@ def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path
             for zombie in (old.post("increment_counter", {"count": 3}), old.post("get_counter_value", {})):
                 assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
             assert old.cookies == kept, "a refusal gives the request's key back: its next call is refused too"
-            zombie = ServerCookies(client, f"{gateway.url}/r/zomb/v1").post("responses", asked)  # keyless, behind
-            assert zombie.status_code == 409 and zombie.json()["error"]["type"] == "stale_attempt", zombie.text
-            assert new.post("get_counter_value", {}).json() == {"count": 2}, "run 2 was fenced by the zombie"
+            assert new.post("get_counter_value", {}).json() == {"count": 2}
             gateway.close()
             gateway = start_gateway(tools=[f"counter={counter.url}"])  # the gateway restarts
             old.url = new.url = f"{gateway.url}/r/zomb/tools/counter"
