@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Protocol, Union
 from rollout_journal.journal.errors import ConfigurationError, JournalError, PartitionRevokedError
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.restore import RestorePlan
+from rollout_journal.participants.cancelling import cancel_and_wait
 
 if TYPE_CHECKING:
     from rollout_journal.journal.kafka.group import GroupDescriber, GroupMember, WorkerGroup
@@ -246,9 +247,7 @@ class GroupOwnership:
         self._events.put_nowait(("stop", [], {}))
         if self._tasks:
             await asyncio.wait([self._tasks[0]], timeout=30)
-        for task in [*self._tasks, *self._takes.values()]:
-            task.cancel()
-        await asyncio.gather(*self._tasks, *self._takes.values(), return_exceptions=True)
+        await cancel_and_wait(*self._tasks, *self._takes.values())
         if self._describer is not None:
             await asyncio.to_thread(self._describer.close)
 

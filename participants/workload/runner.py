@@ -31,6 +31,7 @@ from rollout_journal.journal.errors import (
 from rollout_journal.journal.events import WorkloadRegistered
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
+from rollout_journal.participants.cancelling import cancel_and_wait
 from rollout_journal.participants.environments import Environment
 from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.model.generation import GenerationBackend
@@ -438,8 +439,7 @@ class Runner:
             try:
                 await asyncio.wait([*pending, failed], return_when=asyncio.FIRST_COMPLETED)
             finally:
-                failed.cancel()
-                await asyncio.gather(failed, return_exceptions=True)
+                await cancel_and_wait(failed)
         if self.failure is not None:
             raise self.failure
 
@@ -448,18 +448,14 @@ class Runner:
         done: whoever ends the runner (``run``; a fleet's worker, which drives through ``launch``)
         leaves nothing of it running in an event loop that may live on."""
         await self.stop_checkpoints()
-        running = [t for t in self._drives.values() if not t.done()]
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        await cancel_and_wait(*self._drives.values())
 
     async def stop_checkpoints(self) -> None:
         """Cancel the coordinated checkpoints and wait until they are done (a worker that leaves
         stops them before it gives its partitions up: no checkpoint runs beside a hand-off)."""
         task, self._checkpoints = self._checkpoints, None
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait(task)
 
     async def _checkpoint_periodically(self) -> None:
         assert self.checkpointer is not None

@@ -59,6 +59,7 @@ from rollout_journal.journal.journal import Journal, WorkloadFeed
 from rollout_journal.journal.open import is_kafka_url, open_journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
 from rollout_journal.journal.takeover import read_taken, serve_acknowledgements, take_and_restore
+from rollout_journal.participants.cancelling import cancel_and_wait
 from rollout_journal.participants.rollout.state import StateFoldError, restore_state
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.metrics import WorkerMetrics
@@ -268,8 +269,7 @@ class FleetWorker:
             return await self._run(stop)
         finally:
             if self._counting_members is not None:
-                self._counting_members.cancel()
-                await asyncio.gather(self._counting_members, return_exceptions=True)
+                await cancel_and_wait(self._counting_members)
             if stop_serving is not None:
                 await asyncio.to_thread(stop_serving)
 
@@ -340,13 +340,10 @@ class FleetWorker:
             await asyncio.to_thread(group.close)  # the group revokes every owned partition: let go at once
             backend.disown(range(backend.partitions))  # and after a failure (the group stopped first): nothing more
             if acks is not None:
-                acks.cancel()
-                await asyncio.gather(acks, return_exceptions=True)
+                await cancel_and_wait(acks)
             if membership is not None:
                 await self._drain(membership)
-            for task in self._takes.values():
-                task.cancel()
-            await asyncio.gather(*self._takes.values(), return_exceptions=True)
+            await cancel_and_wait(*self._takes.values())
             for workload in self.workloads.values():
                 await workload.runner.drop(list(workload.runner.live), why=None)
                 await workload.runner.stop_tasks()  # anything a take launched since the first stop
@@ -374,10 +371,7 @@ class FleetWorker:
         try:
             await asyncio.wait(waiters, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            mine = [waiter for waiter in waiters if waiter is not membership]
-            for waiter in mine:
-                waiter.cancel()
-            await asyncio.gather(*mine, return_exceptions=True)
+            await cancel_and_wait(*(waiter for waiter in waiters if waiter is not membership))
 
     def _raise_failure(self, group: object, membership: asyncio.Task[None]) -> None:
         failure = getattr(group, "failure", None)
@@ -396,8 +390,7 @@ class FleetWorker:
         self._post("stop", [], {})
         await asyncio.wait([membership], timeout=30)
         if not membership.done():
-            membership.cancel()
-            await asyncio.gather(membership, return_exceptions=True)
+            await cancel_and_wait(membership)
 
     # -- workloads ---------------------------------------------------------------------------------
 

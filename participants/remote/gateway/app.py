@@ -54,6 +54,7 @@ from rollout_journal.journal.errors import RolloutJournalError
 from rollout_journal.journal.events import SamplingParams
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.whole_numbers import whole_number
+from rollout_journal.participants.cancelling import cancel_and_wait
 from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.model.generation import TokenChunk
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
@@ -767,8 +768,7 @@ async def _first_event(queue: _Chunks, task: asyncio.Task[Any]) -> None:
     try:
         await asyncio.wait({waiter, task}, return_when=asyncio.FIRST_COMPLETED)
     finally:  # also when the client went away: no waiter outlives the request
-        waiter.cancel()
-        await asyncio.gather(waiter, return_exceptions=True)
+        await cancel_and_wait(waiter)
 
 
 async def _drain(queue: asyncio.Queue[TokenChunk], task: asyncio.Task[Any]) -> AsyncIterator[TokenChunk]:
@@ -784,8 +784,7 @@ async def _drain(queue: asyncio.Queue[TokenChunk], task: asyncio.Task[Any]) -> A
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
         finally:  # a getter cancelled before it took its chunk leaves it in the queue
             if not getter.done():
-                getter.cancel()
-                await asyncio.gather(getter, return_exceptions=True)
+                await cancel_and_wait(getter)
         if not getter.cancelled():
             yield getter.result()
 
