@@ -244,7 +244,9 @@ def test_a_long_generation_killed_midway_continues_from_its_journaled_prefix(
             child.kill()
             child.join()
     prefix = _partial_tokens(config)
-    assert 32 <= prefix < 400 and prefix % 16 == 0
+    # A mark covers every token that accrued, at least 16: a chunk may carry several tokens (vLLM
+    # merges the deltas a slow reader has not taken yet), so the prefix need not be a multiple of 16.
+    assert 32 <= prefix < 400
 
     resumed = run_workload(config, resume=True)
 
@@ -259,6 +261,14 @@ def test_a_long_generation_killed_midway_continues_from_its_journaled_prefix(
     progress = [e for e in journal_events(config) if isinstance(e, ModelCallProgress)]
     assert {p.header.attempt for p in progress} == {1, 2}
     assert min(p.start for p in progress if p.header.attempt == 2) == prefix  # never regenerated
+    for key in {(p.header.attempt, p.call_id) for p in progress}:  # a call's marks: one after another, 16+ each
+        marks = sorted((p for p in progress if (p.header.attempt, p.call_id) == key), key=lambda p: p.start)
+        assert all(len(m.output_ids) >= 16 for m in marks)
+        assert all(a.start + len(a.output_ids) == b.start for a, b in zip(marks, marks[1:]))
+    resumed_at = min((p for p in progress if p.header.attempt == 2), key=lambda p: p.start)
+    where = (resumed_at.header.turn, resumed_at.call_index)
+    before = (p for p in progress if p.header.attempt == 1 and (p.header.turn, p.call_index) == where)
+    assert sum(len(p.output_ids) for p in before) == prefix  # the prefix: the killed attempt's marks of that call
     assert (
         resumed.rollouts[continued.header.rollout_id].tokens_run_here == sum(len(c.output_ids) for c in calls) - prefix
     )
