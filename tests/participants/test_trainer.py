@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from rollout_journal.journal.backend import OutRecord, Stream, partition_for
 from rollout_journal.journal.codec import Codec
 from rollout_journal.journal.events import Header, TokenSegment, TrainingRecord
 from rollout_journal.journal.file.backend import FileBackend
+from rollout_journal.journal.journal import ReadReport
 from rollout_journal.journal.open import open_backend, open_journal
 from rollout_journal.journal.restore import load_rollouts
 from rollout_journal.journal.results import ResultsDecoder
@@ -29,7 +31,7 @@ from rollout_journal.participants.workload.run import run_workload
 from rollout_journal.participants.workload.runner import workload_specs
 from rollout_journal.replay.listing import list_rollouts
 from rollout_journal.replay.source import open_replay
-from rollout_journal.replay.training import training_records
+from rollout_journal.replay.training import training_rows
 from tests.support.failures import run_killing
 from tests.support.paths import REPO_ROOT
 from tests.support.recovery_support import run_child_and_kill
@@ -51,10 +53,21 @@ def workload(location: str, **overrides) -> WorkloadConfig:
     return WorkloadConfig(**(base | overrides))
 
 
-def exported(location: str) -> dict[str, TrainingRecord]:
-    """What ``replay export-training`` builds from the journal's events alone."""
-    with open_replay(location) as source:
-        return {r.rollout_id: r for r in training_records(source)}
+def exported(location: str, *, settle_s: float = 120.0) -> dict[str, TrainingRecord]:
+    """What ``replay export-training`` builds from the journal's events alone, once no open
+    transaction holds any of them back. A read-only read ends at Kafka's last stable offset: a
+    killed worker's transaction hides whatever the resumed worker committed after it on that
+    partition until the broker aborts it (its transaction timeout plus the abort interval, seconds),
+    and the export warns and asks to rerun then, as this does."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        report = ReadReport()
+        with open_replay(location) as source:
+            records = {row.record.rollout_id: row.record for row in training_rows(source, report=report)}
+        if not report.held_back:
+            return records
+        assert time.monotonic() < deadline, f"still held back after {settle_s:g} s: {report.held_back}"
+        time.sleep(0.5)
 
 
 def record(rollout: str, group: str, size: int, reward: float = 1.0) -> TrainingRecord:
