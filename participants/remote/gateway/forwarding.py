@@ -68,10 +68,13 @@ class Forwarder:
         except httpx.TransportError as exc:
             log.warning("rollout %s: owner %s at %s unreachable: %s", rollout, route.member, route.base_url, exc)
             raise NotOwnerError(rollout, route.base_url, route.member) from None
-        passed = {k: v for k, v in answer.headers.items() if k.lower() not in _NOT_PASSED}
-        return StreamingResponse(
-            answer.aiter_raw(), status_code=answer.status_code, headers=passed, background=BackgroundTask(answer.aclose)
+        relayed = StreamingResponse(
+            answer.aiter_raw(), status_code=answer.status_code, background=BackgroundTask(answer.aclose)
         )
+        # The owner's header list as it came, repeats kept: a mapping joins them with ", ", and two
+        # Set-Cookie headers joined (an Expires date holds a comma) no longer parse apart.
+        relayed.raw_headers = [(k, v) for k, v in answer.headers.raw if k.decode("latin-1").lower() not in _NOT_PASSED]
+        return relayed
 
     async def aclose(self) -> None:
         if self._client is not None:
