@@ -62,6 +62,7 @@ from rollout_journal.participants.remote.gateway import openai_shapes as shapes
 from rollout_journal.participants.remote.gateway.cookies import attempt_cookie, give_attempt_cookie
 from rollout_journal.participants.remote.gateway.errors import GatewayError, answer_for
 from rollout_journal.participants.remote.gateway.forwarding import Forwarder
+from rollout_journal.participants.remote.gateway.response_stream import ResponseStream
 from rollout_journal.participants.remote.gateway.tools import SEED, VERIFY, ToolGateway, parse_tool_servers
 from rollout_journal.participants.remote.gateway.upstream import UpstreamClient
 from rollout_journal.participants.session.api import ModelRequest, RolloutRef, SessionFactory
@@ -516,32 +517,19 @@ class Gateway:
         token_ids: bool,
     ) -> AsyncIterator[str]:
         text = _VisibleText(self.tokenizer)
-        skeleton = {"id": "resp-pending", "object": "response", "status": "in_progress", "model": model, "output": []}
-        yield shapes.sse("response.created", {"type": "response.created", "response": skeleton})
-        message = {"id": "msg-pending", "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-        yield shapes.sse(
-            "response.output_item.added", {"type": "response.output_item.added", "output_index": 0, "item": message}
-        )
+        stream = ResponseStream(body, model)
+        for event in stream.created():
+            yield event
         async for chunk in _drain(queue, task):
-            delta = text.add(chunk.ids)
-            if delta:
-                yield shapes.sse(
-                    "response.output_text.delta",
-                    {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": delta},
-                )
+            for event in stream.text(text.add(chunk.ids)):
+                yield event
         try:
             answer: ChatAnswer = task.result()
         except Exception as exc:
-            error = json.loads(bytes(answer_for(exc).body))
-            yield shapes.sse("error", {"type": "error", **error["error"]})
+            for event in stream.failed(json.loads(bytes(answer_for(exc).body))):
+                yield event
             return
-        rest = answer.content[len(text.sent) :] if answer.content.startswith(text.sent) else ""
-        if rest:
-            yield shapes.sse(
-                "response.output_text.delta",
-                {"type": "response.output_text.delta", "output_index": 0, "content_index": 0, "delta": rest},
-            )
-        for event in shapes.response_events(answer, body, model, token_ids=token_ids):
+        for event in stream.closing(answer, token_ids=token_ids):
             yield event
 
     # -- token-native clients -----------------------------------------------------------------

@@ -21,7 +21,10 @@ __all__ = [
     "chat_completion",
     "chat_request",
     "responses_request",
+    "StreamIds",
     "response_object",
+    "response_shell",
+    "sse",
 ]
 
 # Fields that change what is sampled but that a journaled call cannot reproduce: refused, not ignored.
@@ -313,17 +316,36 @@ def responses_request(body: Any, *, default_max_tokens: int = _MAX_TOKENS_DEFAUL
     return ResponsesRequest(chat, raw_tools, bool(body.get("return_token_ids")))
 
 
+@dataclass(frozen=True)
+class StreamIds:
+    """What a streamed response announced before its answer was known: its id, its creation time
+    and, where text went out, its message item's id. The closing events must keep them (a client
+    accumulates the stream by them)."""
+
+    response_id: str
+    created_at: int
+    message_id: str | None = None
+
+
 def response_object(
-    answer: ChatAnswer, request: Mapping[str, Any], model: str, *, token_ids: bool, status: str | None = None
+    answer: ChatAnswer,
+    request: Mapping[str, Any],
+    model: str,
+    *,
+    token_ids: bool,
+    status: str | None = None,
+    streamed: StreamIds | None = None,
 ) -> dict[str, Any]:
-    """The Responses API answer: a message item (unless the answer is only tool calls) and one
-    ``function_call`` item per tool call; ``incomplete`` on ``max_output_tokens``."""
+    """The Responses API answer: a message item (unless the answer is only tool calls that no
+    streamed text announced a message before) and one ``function_call`` item per tool call;
+    ``incomplete`` on ``max_output_tokens``. Ids derive from the journaled call (a replay gets the
+    same ones), or are those ``streamed`` announced."""
     a = answer.answer
-    rid = _stable_id("resp", a.call_id)
     output: list[dict[str, Any]] = []
-    if answer.content or not answer.tool_calls:
+    message_id = streamed.message_id if streamed is not None else None
+    if answer.content or not answer.tool_calls or message_id is not None:
         message: dict[str, Any] = {
-            "id": _stable_id("msg", a.call_id),
+            "id": message_id or _stable_id("msg", a.call_id),
             "type": "message",
             "role": "assistant",
             "status": "completed",
@@ -346,23 +368,16 @@ def response_object(
         output[-1]["generation_token_ids"] = np.asarray(a.output_ids).tolist()
         output[-1]["generation_log_probs"] = np.asarray(a.logprobs, dtype=np.float64).tolist()
     incomplete = a.finish_reason == "length" and not answer.tool_calls
-    return {
-        "id": rid,
-        "object": "response",
-        "created_at": a.ts_ms // 1000,
-        "model": model,
-        "status": status or ("incomplete" if incomplete else "completed"),
+    shell = response_shell(
+        request,
+        model,
+        streamed.response_id if streamed is not None else _stable_id("resp", a.call_id),
+        streamed.created_at if streamed is not None else a.ts_ms // 1000,
+        status or ("incomplete" if incomplete else "completed"),
+    )
+    return shell | {
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "output": output,
-        "parallel_tool_calls": bool(request.get("parallel_tool_calls", True)),
-        "tool_choice": request.get("tool_choice", "auto"),
-        "tools": request.get("tools") or [],
-        "temperature": request.get("temperature"),
-        "top_p": request.get("top_p"),
-        "max_output_tokens": request.get("max_output_tokens"),
-        "instructions": request.get("instructions"),
-        "error": None,
-        "metadata": {},
         "usage": {
             "input_tokens": len(a.prompt_ids),
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
@@ -373,40 +388,34 @@ def response_object(
     }
 
 
+def response_shell(
+    request: Mapping[str, Any], model: str, response_id: str, created_at: int, status: str
+) -> dict[str, Any]:
+    """A Responses object without output: what ``response.created`` announces, and what the
+    answer fills in."""
+    return {
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "model": model,
+        "status": status,
+        "incomplete_details": None,
+        "output": [],
+        "parallel_tool_calls": bool(request.get("parallel_tool_calls", True)),
+        "tool_choice": request.get("tool_choice", "auto"),
+        "tools": request.get("tools") or [],
+        "temperature": request.get("temperature"),
+        "top_p": request.get("top_p"),
+        "max_output_tokens": request.get("max_output_tokens"),
+        "instructions": request.get("instructions"),
+        "error": None,
+        "metadata": {},
+        "usage": None,
+    }
+
+
 def sse(event: str, data: Mapping[str, Any]) -> str:
     return f"event: {event}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
-
-
-def response_events(answer: ChatAnswer, request: Mapping[str, Any], model: str, *, token_ids: bool) -> list[str]:
-    """The closing events of a streamed response (its text deltas were sent as they came)."""
-    final = response_object(answer, request, model, token_ids=token_ids)
-    events: list[str] = []
-    for index, item in enumerate(final["output"]):
-        if item["type"] == "message":
-            text = item["content"][0]
-            events.append(
-                sse("response.output_text.done", {"type": "response.output_text.done", "output_index": index,
-                                                   "content_index": 0, "item_id": item["id"], "text": text["text"]})
-            )  # fmt: skip
-            events.append(
-                sse("response.content_part.done", {"type": "response.content_part.done", "output_index": index,
-                                                    "content_index": 0, "item_id": item["id"], "part": text})
-            )  # fmt: skip
-        else:
-            events.append(
-                sse("response.output_item.added", {"type": "response.output_item.added", "output_index": index,
-                                                    "item": {**item, "arguments": "", "status": "in_progress"}})
-            )  # fmt: skip
-            events.append(
-                sse("response.function_call_arguments.done", {"type": "response.function_call_arguments.done",
-                    "output_index": index, "item_id": item["id"], "arguments": item["arguments"]})
-            )  # fmt: skip
-        events.append(
-            sse("response.output_item.done", {"type": "response.output_item.done", "output_index": index, "item": item})
-        )
-    done = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
-    events.append(sse(done, {"type": done, "response": final}))
-    return events
 
 
 def flat(values: Sequence[Any]) -> list[Any]:

@@ -404,3 +404,58 @@ def test_what_a_gateway_knew_of_a_rollout_s_runs_ends_when_its_partition_leaves(
             assert stale.status_code == 409 and stale.json()["error"]["type"] == "stale_attempt", stale.text
     finally:
         gateway.close()
+
+
+def test_a_streamed_response_is_one_the_openai_sdk_accumulates(start_gateway) -> None:
+    """``client.responses.stream`` builds the response from its events: every event must name the
+    items the created and added events announced (one response id, one item id each), and each
+    text delta a content part that was added first. The gateway used to announce ``resp-pending``
+    and a message item ``msg-pending`` before the answer was known, sent deltas into no part, and
+    closed with other ids (and a function call at the message's index)."""
+    from openai import OpenAI
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    gateway = start_gateway()
+    client = OpenAI(base_url=gateway.base_url("sdk"), api_key="unused", max_retries=0)
+    validate = TypeAdapter(ResponseStreamEvent).validate_python
+    history: list = [{"role": "user", "content": "Add 2, then 3."}]
+    kinds = []
+    for _ in SCRIPT:  # two function calls, then text
+        with client.responses.stream(model="m", input=history, tools=COUNTER_TOOLS, max_output_tokens=64) as stream:
+            events = list(stream)
+            final = stream.get_final_response()
+        for event in events:
+            validate(event.model_dump(warnings=False))  # every event as the SDK's own types define it
+        assert {e.response.id for e in events if hasattr(e, "response")} == {final.id}
+        announced = [e.item.id for e in events if e.type == "response.output_item.added"]
+        assert announced == [item.id for item in final.output]  # each item announced once, under its id
+        assert {e.item_id for e in events if hasattr(e, "item_id")} <= set(announced)
+        kinds.append([item.type for item in final.output])
+        streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        assert streamed == final.output_text  # a client that only joins the deltas reads the same text
+        history += [item.model_dump(exclude_none=True) for item in final.output]
+        history += [
+            {"type": "function_call_output", "call_id": item.call_id, "output": "{}"}
+            for item in final.output
+            if item.type == "function_call"
+        ]
+    assert kinds == [["function_call"], ["function_call"], ["message"]]
+    assert final.output_text == "The counter is at 5."
+
+
+def test_a_failed_stream_ends_with_an_error_event_as_openai_defines_it() -> None:
+    """The error event used to spread the error object over its own ``type`` (``upstream_unavailable``
+    where a client dispatches on ``error``)."""
+    from openai.types.responses import ResponseStreamEvent
+    from pydantic import TypeAdapter
+
+    from rollout_journal.participants.remote.gateway.response_stream import ResponseStream
+
+    stream = ResponseStream({}, "m")
+    body = {"error": {"message": "upstream down", "type": "upstream_unavailable", "param": None, "code": None}}
+    events = [json.loads(e.split("data: ", 1)[1]) for e in stream.created() + stream.failed(body)]
+    parsed = [TypeAdapter(ResponseStreamEvent).validate_python(e) for e in events]
+    assert [e.type for e in parsed] == ["response.created", "response.in_progress", "error"]
+    assert [e.sequence_number for e in parsed] == [0, 1, 2]
+    assert parsed[-1].code == "upstream_unavailable" and parsed[-1].message == "upstream down"
