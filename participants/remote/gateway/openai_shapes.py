@@ -21,6 +21,7 @@ __all__ = [
     "chat_completion",
     "chat_request",
     "responses_request",
+    "TOKEN_ID_FIELDS",
     "StreamIds",
     "response_object",
     "response_shell",
@@ -30,6 +31,8 @@ __all__ = [
 # Fields that change what is sampled but that a journaled call cannot reproduce: refused, not ignored.
 _UNSUPPORTED = ("logit_bias", "best_of", "audio", "prediction", "suffix", "echo")
 _MAX_TOKENS_DEFAULT = 256
+# NeMo Gym's training fields of a Responses output item (TokenIDLogProbMixin).
+TOKEN_ID_FIELDS = ("prompt_token_ids", "generation_token_ids", "generation_log_probs")
 
 
 @dataclass(frozen=True)
@@ -363,11 +366,14 @@ def response_object(
                 "status": "completed",
             }
         )
-    if token_ids and output:  # NeMo Gym's training fields (TokenIDLogProbMixin) on the last item
-        output[-1]["prompt_token_ids"] = np.asarray(a.prompt_ids).tolist()
-        output[-1]["generation_token_ids"] = np.asarray(a.output_ids).tolist()
-        output[-1]["generation_log_probs"] = np.asarray(a.logprobs, dtype=np.float64).tolist()
+    if token_ids and output:  # NeMo Gym's training fields on the last item
+        prompt, generation, logprobs = TOKEN_ID_FIELDS
+        output[-1][prompt] = np.asarray(a.prompt_ids).tolist()
+        output[-1][generation] = np.asarray(a.output_ids).tolist()
+        output[-1][logprobs] = np.asarray(a.logprobs, dtype=np.float64).tolist()
     incomplete = a.finish_reason == "length" and not answer.tool_calls
+    if incomplete and output:  # the message was cut short, as OpenAI marks it
+        output[0]["status"] = "incomplete"
     shell = response_shell(
         request,
         model,

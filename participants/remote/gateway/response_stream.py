@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rollout_journal.participants.remote.gateway.openai_shapes import (
+    TOKEN_ID_FIELDS,
     StreamIds,
     response_object,
     response_shell,
@@ -88,7 +89,10 @@ class ResponseStream:
                 events.append(self._event("response.output_text.done", **where, text=part["text"], logprobs=[]))
                 events.append(self._event("response.content_part.done", **where, part=part))
             else:
-                started = {**item, "arguments": "", "status": "in_progress"}
+                # Announced before its arguments: in progress, without the training fields (they
+                # come once, with the finished item and the response).
+                started = {k: v for k, v in item.items() if k not in TOKEN_ID_FIELDS}
+                started |= {"arguments": "", "status": "in_progress"}
                 events.append(self._event("response.output_item.added", output_index=index, item=started))
                 where = {"item_id": item["id"], "output_index": index}
                 events.append(self._event("response.function_call_arguments.delta", **where, delta=item["arguments"]))
@@ -101,12 +105,16 @@ class ResponseStream:
         return events
 
     def failed(self, error: Mapping[str, Any]) -> list[str]:
-        """An ``error`` event for the OpenAI-shaped error body ``error`` (its ``error`` object)."""
+        """For the OpenAI-shaped error body ``error``: an ``error`` event naming it, then
+        ``response.failed``, the terminal status a client waits for (the answer is not journaled:
+        a rerun asks again)."""
         found = error["error"]
+        code = found.get("code") or found.get("type")
+        shell = response_shell(self.request, self.model, self.ids.response_id, self.ids.created_at, "failed")
+        shell["error"] = {"code": "server_error", "message": f"{code}: {found['message']}"}
         return [
-            self._event(
-                "error", code=found.get("code") or found.get("type"), message=found["message"], param=found.get("param")
-            )
+            self._event("error", code=code, message=found["message"], param=found.get("param")),
+            self._event("response.failed", response=shell),
         ]
 
 

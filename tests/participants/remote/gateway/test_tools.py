@@ -444,6 +444,18 @@ def test_a_streamed_response_is_one_the_openai_sdk_accumulates(start_gateway) ->
     assert final.output_text == "The counter is at 5."
 
 
+def test_a_streamed_function_call_carries_the_training_fields_once_it_is_done(start_gateway) -> None:
+    """The token ids and logprobs go out with the finished item and the response, not also with
+    the in-progress announcement (a long prompt's ids sent three times)."""
+    gateway = start_gateway()
+    body = {"input": "Add 2.", "tools": COUNTER_TOOLS, "max_output_tokens": 64, "stream": True}
+    url = gateway.base_url("fields") + "/responses"
+    with httpx.stream("POST", url, json=body, headers={"X-RJ-Token-Ids": "1"}) as stream:
+        events = [json.loads(line[len("data: ") :]) for line in stream.iter_lines() if line.startswith("data: ")]
+    carrying = [e["type"] for e in events if "generation_token_ids" in json.dumps(e)]
+    assert carrying == ["response.output_item.done", "response.completed"]
+
+
 def test_a_failed_stream_ends_with_an_error_event_as_openai_defines_it() -> None:
     """The error event used to spread the error object over its own ``type`` (``upstream_unavailable``
     where a client dispatches on ``error``)."""
@@ -456,6 +468,18 @@ def test_a_failed_stream_ends_with_an_error_event_as_openai_defines_it() -> None
     body = {"error": {"message": "upstream down", "type": "upstream_unavailable", "param": None, "code": None}}
     events = [json.loads(e.split("data: ", 1)[1]) for e in stream.created() + stream.failed(body)]
     parsed = [TypeAdapter(ResponseStreamEvent).validate_python(e) for e in events]
-    assert [e.type for e in parsed] == ["response.created", "response.in_progress", "error"]
-    assert [e.sequence_number for e in parsed] == [0, 1, 2]
-    assert parsed[-1].code == "upstream_unavailable" and parsed[-1].message == "upstream down"
+    assert [e.type for e in parsed] == ["response.created", "response.in_progress", "error", "response.failed"]
+    assert [e.sequence_number for e in parsed] == [0, 1, 2, 3]
+    assert parsed[2].code == "upstream_unavailable" and parsed[2].message == "upstream down"
+    assert parsed[3].response.status == "failed" and "upstream down" in parsed[3].response.error.message
+    assert parsed[3].response.id == parsed[0].response.id
+
+
+def test_a_response_cut_at_max_output_tokens_is_incomplete_down_to_its_message(start_gateway) -> None:
+    from openai.types.responses import Response as OpenAIResponse
+
+    gateway = start_gateway()
+    body = {"input": "Add 2.", "max_output_tokens": 2}
+    answer = OpenAIResponse.model_validate(httpx.post(gateway.base_url("cut") + "/responses", json=body).json())
+    assert answer.status == "incomplete" and answer.incomplete_details.reason == "max_output_tokens"
+    assert [(item.type, item.status) for item in answer.output] == [("message", "incomplete")]
