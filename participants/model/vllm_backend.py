@@ -162,28 +162,28 @@ class VllmEngine:
     ) -> None:
         """Add a request; ``cache_salt`` keeps its KV blocks apart from requests salted otherwise
         (the backend salts with its policy version: no block of other weights is reused)."""
-        with self._stop_lock:
-            if self._stopped is None:
-                self._commands.put(
-                    ("add", (request_id, prompt_ids, params, cache_salt, asyncio.get_running_loop(), out))
-                )
-                return
-        out.put_nowait(self._ended())
+        if not self._send("add", (request_id, prompt_ids, params, cache_salt, asyncio.get_running_loop(), out)):
+            out.put_nowait(self._ended())
 
     def abort(self, request_id: str) -> None:
-        with self._stop_lock:
-            if self._stopped is None:  # an engine that is gone has nothing to abort, and nobody to read it
-                self._commands.put(("abort", request_id))
+        self._send("abort", request_id)  # an engine that is gone has nothing to abort, and nobody to read it
 
     def call(self, fn: Callable[[Any], Any]) -> concurrent.futures.Future[Any]:
         """Run ``fn(llm_engine)`` on the engine thread between two steps; its result or error."""
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if not self._send("call", (fn, done)):
+            done.set_exception(self._ended())
+        return done
+
+    def _send(self, kind: str, arg: Any) -> bool:
+        """Queue a command for the engine thread; False once the thread has ended. Under the lock
+        the thread's end takes: a command is either queued before it (and failed by it, if the
+        thread never ran it) or refused here, never left on a queue nobody reads."""
         with self._stop_lock:
             if self._stopped is None:
-                self._commands.put(("call", (fn, done)))
-                return done
-        done.set_exception(self._ended())
-        return done
+                self._commands.put((kind, arg))
+                return True
+        return False
 
     def _ended(self) -> BackendError:
         return BackendError(f"the vLLM engine thread ended ({self._stopped!r}); restart the process")
