@@ -137,6 +137,7 @@ class AttemptStarted:
     messages: list[Message] = field(default_factory=list)  # the initial conversation of a start from turn 0
     override: str | None = None  # what the user changed on purpose (a resume with another topology)
     forked_from: str | None = None  # "<rollout_id>@<turn>" for a forked lineage
+    run: str | None = None  # the digest of the agent run's key (run_digest) this attempt serves
 
 
 @dataclass(frozen=True)

@@ -143,6 +143,7 @@ class RolloutProgress:
         reason: str,
         messages: Sequence[ChatMessage] = (),
         override: str | None = None,
+        run: str | None = None,
     ) -> list[RolloutEvent]:
         """Begin the next attempt, applied here: its ``AttemptStarted`` (attempt ``next_attempt``,
         epoch ``next_epoch``, the fence) and, when an attempt ran before, the ``AttemptFenced`` that
@@ -150,7 +151,7 @@ class RolloutProgress:
 
         ``resumed_from_turn=0`` on a rollout with committed turns starts its conversation over;
         ``messages``: the conversation such a start begins with; ``override``: what the user changed
-        on purpose (another topology)."""
+        on purpose (another topology); ``run``: the digest of the agent run's key it serves."""
         previous_attempt, previous_epoch = self.attempt, self.epoch
         attempt, epoch = self.next_attempt, self.next_epoch
         started = AttemptStarted(
@@ -160,6 +161,7 @@ class RolloutProgress:
             reason,
             list(messages),
             override,
+            run=run,
         )
         self.apply(started)
         events: list[RolloutEvent] = [started]

@@ -182,6 +182,10 @@ class RolloutState(RolloutProgress):
     # record carries): one entry per AttemptStarted applied, restarts included. None when read from a
     # snapshot written before it was kept (restore_state takes them from the fence record then).
     attempts: list[FenceEntry] | None = field(default_factory=list)
+    # The agent runs the rollout served, oldest first, by the digest of their key (run_digest; an
+    # AttemptStarted names the run it serves): how a gateway that lost its memory (a restart, the
+    # rollout's partition gone and back) still tells the current run from an older one.
+    runs: list[str] = field(default_factory=list)
     # How the calls of the current conversation continued their parents (the training record's counters)
     calls: int = 0
     calls_drifted: int = 0  # prefix_len short of the parent's prompt+output (not a new sequence): tokens lost
@@ -219,7 +223,20 @@ class RolloutState(RolloutProgress):
             self.messages = list(event.messages)
         if self.attempts is not None:
             self.attempts.append(FenceEntry.of(event.header))
+        if event.run is not None and self.runs[-1:] != [event.run]:  # the run it names is the current one
+            self.runs = [r for r in self.runs if r != event.run] + [event.run]
         super()._on_attempt(event)
+
+    def run_standing(self, key: str) -> str | None:
+        """Where the agent run ``key`` names stands among the runs the journal holds: ``current``
+        (the newest attempt's), ``older`` (one a newer run fenced) or ``unknown``; None when no
+        attempt named a run (a rollout no keyed agent drove, or journaled before runs were kept)."""
+        if not self.runs:
+            return None
+        digest = run_digest(key)
+        if digest == self.runs[-1]:
+            return "current"
+        return "older" if digest in self.runs else "unknown"
 
     def _on_model_call(self, event: ModelCall) -> None:
         super()._on_model_call(event)
@@ -399,6 +416,8 @@ class RolloutState(RolloutProgress):
         }
         if self.attempts is not None:  # a reader of an earlier version skips the key
             doc["attempts"] = [[a.attempt, a.epoch, a.seq, a.writer, a.ts_ms] for a in self.attempts]
+        if self.runs:  # a reader of an earlier version skips the key
+            doc["runs"] = self.runs
         if self.effects.known:  # an optional key: a reader that lacks it replays the rollout from its first event
             doc["effects"] = self.effects.to_doc(
                 self.head_tokens, self.lineage.logprobs if self.lineage is not None else None
@@ -504,6 +523,7 @@ class RolloutState(RolloutProgress):
             mutations_since_export=[MutationRecord.from_dict(m) for m in doc.get("mutations", [])],
             lineage=lineage,
             attempts=attempts,
+            runs=list(doc.get("runs", [])),
             calls=counts[0],
             calls_drifted=counts[1],
             eos_splices=counts[2],
@@ -511,6 +531,12 @@ class RolloutState(RolloutProgress):
             template_mismatch_calls=counts[4],
             effects=EffectLog.from_doc(doc.get("effects"), head_tokens, logprobs if lineage is not None else None),
         )
+
+
+def run_digest(key: str) -> str:
+    """What the journal keeps of an agent run's key (``AttemptStarted.run``): enough to recognise
+    it, nothing a reader of the journal could present as the key."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def _segment_row(g: TokenSegment) -> list[Any]:

@@ -69,7 +69,7 @@ from rollout_journal.participants.rollout.effects import MODEL, TOOL, Effect, mo
 from rollout_journal.participants.rollout.mutations import mutation_event
 from rollout_journal.participants.rollout.restore import trusted_restore
 from rollout_journal.participants.rollout.snapshot import snapshot_of
-from rollout_journal.participants.rollout.state import RolloutState, StateFoldError, full_prompt
+from rollout_journal.participants.rollout.state import RolloutState, StateFoldError, full_prompt, run_digest
 from rollout_journal.participants.session.errors import (
     EffectNotDurableError,
     NondeterminismError,
@@ -816,12 +816,14 @@ class SessionFactory:
         reason: str = "",
         restart_from_zero: bool = False,
         messages: Sequence[Message] = (),
+        run_key: str | None = None,
     ) -> RolloutSession:
         """A session for ``ref``: attempt 1 of a new rollout, attempt N+1 (fencing N) of an unfinished
         one, or a replay-only session of a finished (or given-up) one. Returns once the new attempt
         is durable.
         ``restart_from_zero`` begins a new life (its earlier effects are never replayed);
-        ``messages``: the conversation a new life starts with."""
+        ``messages``: the conversation a new life starts with; ``run_key``: the agent run the
+        attempt serves, journaled as its digest (``RolloutState.run_standing`` reads it back)."""
         rollout_id = ref.rollout_id
         route = self.ownership.route(rollout_id)
         if isinstance(route, Moving):
@@ -844,7 +846,8 @@ class SessionFactory:
         new = state is None
         if state is None:
             state = RolloutState(rollout_id, ref.group)
-        events = self._start_attempt(ref, state, reason, restart_from_zero or new, messages)
+        run = run_digest(run_key) if run_key is not None else None
+        events = self._start_attempt(ref, state, reason, restart_from_zero or new, messages, run)
         session = RolloutSession(self, ref, state, writes=True)
         draft = snapshot_draft(state, self.writer) if new else None  # registers it in the compacted stream
         try:
@@ -867,7 +870,13 @@ class SessionFactory:
         self.sessions[session.rollout_id] = session
 
     def _start_attempt(
-        self, ref: RolloutRef, state: RolloutState, reason: str, from_zero: bool, messages: Sequence[Message]
+        self,
+        ref: RolloutRef,
+        state: RolloutState,
+        reason: str,
+        from_zero: bool,
+        messages: Sequence[Message],
+        run: str | None = None,
     ) -> list[RolloutEvent]:
         resumed = 0 if from_zero else state.next_turn
         why = reason or ("new rollout" if not state.attempt else f"resume at turn {resumed}")
@@ -877,6 +886,7 @@ class SessionFactory:
             topology=ref.topology,
             reason=why,
             messages=messages if from_zero else (),
+            run=run,
         )
 
     def finished(self, rollout_id: str) -> None:

@@ -137,6 +137,7 @@ STANDARD_FINGERPRINTS = {
     ("TurnCompleted", 3): "df12c42d402c7a64",
     ("Snapshot", 2): "2d9ab8a8a1c4dd11",
     ("RolloutSummary", 1): "9c801bd7a6f16fc3",
+    ("AttemptStarted", 4): "429a26684f3299f5",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
 

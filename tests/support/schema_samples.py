@@ -46,6 +46,7 @@ SAMPLES = {
         [Message("system", "be brief"), Message("user", "task"), Message("tool", "ok", tool_call_id="c0", name="mail")],
         "max_turns 5 -> 6",
         "r0@3",
+        "9f86d081884c7d659a2feaa0c55ad015",
     ),
     "AttemptFenced": AttemptFenced(header("r", 1), 2, 3, "superseded by attempt 3"),
     "ModelCall": dataclasses.replace(

@@ -292,3 +292,20 @@ def test_the_reference_and_a_journaled_run_agree(tmp_path: Path) -> None:
     """Journaling off applies the same events: an uninterrupted journaled run equals it."""
     config = workload(tmp_path, groups=1, siblings=2)
     assert_identical(run_workload(config, resume=False), reference_outcomes(config))
+
+
+def test_the_runs_an_attempt_names_survive_a_snapshot_and_say_which_is_current() -> None:
+    """A gateway that restarted tells the current agent run from an older one by these: the run
+    each AttemptStarted names (a digest of its key), newest last, kept by the snapshot too."""
+    from rollout_journal.participants.rollout.state import run_digest
+
+    state = RolloutState("r-runs", "g")
+    assert state.run_standing("k1") is None  # no run journaled: the gateway keeps its older rules
+    state.start_attempt("w", resumed_from_turn=0, topology="t", reason="run 1", run=run_digest("k1"))
+    state.start_attempt("w", resumed_from_turn=0, topology="t", reason="a gateway restart", run=None)
+    state.start_attempt("w", resumed_from_turn=0, topology="t", reason="run 2", run=run_digest("k2"))
+    state.start_attempt("w", resumed_from_turn=0, topology="t", reason="run 2 again", run=run_digest("k2"))
+    assert state.runs == [run_digest("k1"), run_digest("k2")] and "k1" not in state.runs
+    back = RolloutState.from_bytes(state.to_bytes())
+    assert back.runs == state.runs
+    assert [back.run_standing(k) for k in ("k2", "k1", "k3")] == ["current", "older", "unknown"]
