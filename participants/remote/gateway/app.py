@@ -371,6 +371,8 @@ class Gateway:
             held = self.chats.get(rollout)
             if held is not None and held.session is not self.factory.sessions.get(rollout):
                 self._forget_runs(rollout)  # it left this gateway since (its partition moved): stale knowledge
+            if key is not None and rollout not in self.attempt_keys:
+                self._refuse_an_older_run(rollout, key, starts_runs)
             if key is not None and key in self.fenced_keys.get(rollout, set()):
                 raise self._stale(rollout)
             if key is not None and not starts_runs and self.attempt_keys.get(rollout) not in (None, key):
@@ -392,7 +394,7 @@ class Gateway:
             reason = "re-driven by the agent" if fresh else "opened by the gateway"
             if restart:
                 reason = "restart from turn 0: a restart_only tool server lost the rollout's session"
-            session = await self.factory.open(ref, reason=reason, restart_from_zero=restart)
+            session = await self.factory.open(ref, reason=reason, restart_from_zero=restart, run_key=key)
             self.tools.forget(rollout)
             previous = self.attempt_keys.get(rollout)
             if key is not None:
@@ -403,6 +405,16 @@ class Gateway:
             self.chats[rollout] = chat
             self.metrics["sessions_opened"] += 1
             return chat
+
+    def _refuse_an_older_run(self, rollout: str, key: str, starts_runs: bool) -> None:
+        """This gateway holds no run of ``rollout`` (it restarted, or the rollout's session left it):
+        the journal does, each attempt naming the run it served. A run a newer one fenced is stale;
+        so is a key the journal never named, unless it may start a run (a header key: a new run of
+        the agent), which a cookie may not (only a ``seed_session`` mints one, and journals it)."""
+        state = self.factory.state_of(rollout)
+        standing = state.run_standing(key) if state is not None else None
+        if standing == "older" or (standing == "unknown" and not starts_runs):
+            raise self._stale(rollout)
 
     def _ref(self, request: Request, rollout: str) -> RolloutRef:
         size = request.headers.get("x-rollout-group-size", "1")

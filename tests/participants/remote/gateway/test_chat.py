@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rollout_journal.journal import ModelCall, TrainingRecord, TurnCompleted, open_journal
+from rollout_journal.journal import AttemptStarted, ModelCall, TrainingRecord, TurnCompleted, open_journal
 from tests.support.gateway_fixtures import chat_agent
 
 
@@ -321,6 +321,29 @@ def test_a_newer_run_of_the_job_fences_the_older_one(upstream, start_gateway) ->
     assert post(gateway.url + "/r/r/v1/chat/completions", body, **{"X-RJ-Attempt-Key": "run-2"}).status_code == 200
     stale = post(gateway.url + "/r/r/v1/chat/completions", body, **{"X-RJ-Attempt-Key": "run-1"})
     assert stale.status_code == 409 and stale.json()["error"]["type"] == "stale_attempt"
+
+
+def test_a_restarted_gateway_fences_an_older_run_that_comes_back_first(tmp_path: Path, upstream, start_gateway) -> None:
+    """The runs a gateway knew lived in its memory: after a restart the first key to come was taken
+    as the current run's, so a zombie of run 1 fenced run 2. Each attempt now journals the run it
+    serves; the restarted gateway refuses run 1 and serves run 2 where it was."""
+    gateway = start_gateway()
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "temperature": 0}
+    url = gateway.url + "/r/rs/v1/chat/completions"
+    assert post(url, body, **{"X-RJ-Attempt-Key": "run-1"}).status_code == 200
+    assert post(url, body, **{"X-RJ-Attempt-Key": "run-2"}).status_code == 200
+    gateway.close()
+    gateway = start_gateway()
+    url = gateway.url + "/r/rs/v1/chat/completions"
+    stale = post(url, body, **{"X-RJ-Attempt-Key": "run-1"})
+    assert stale.status_code == 409 and stale.json()["error"]["type"] == "stale_attempt", stale.text
+    generated = upstream.upstream.completions
+    again = post(url, body, **{"X-RJ-Attempt-Key": "run-2"})
+    assert again.status_code == 200 and upstream.upstream.completions == generated  # its call, from the journal
+    assert post(url, body, **{"X-RJ-Attempt-Key": "run-3"}).status_code == 200  # a new run still starts
+    gateway.close()
+    runs = [e.run for e in events(tmp_path / "journal", "rs") if isinstance(e, AttemptStarted)]
+    assert len(set(runs)) == 3 and None not in runs and "run-1" not in runs  # digests, never the keys
 
 
 def test_a_client_gone_mid_stream_leaves_its_call_journaled_for_the_rerun(upstream, start_gateway) -> None:

@@ -24,7 +24,7 @@ from rollout_journal.participants.remote.gateway.cookies import attempt_cookie
 from rollout_journal.participants.remote.gateway.tools import ToolGateway, ToolServer
 from rollout_journal.participants.remote.serving import ThreadedServer
 from rollout_journal.participants.rollout.effects import TOOL, Effect
-from rollout_journal.participants.session.api import ToolContext
+from rollout_journal.participants.session.api import RolloutRef, ToolContext
 from tests.support.fixed_rate_upstream import FixedRateUpstream
 from tests.support.nemo_gym_protocol import (
     COUNTER_TOOLS,
@@ -372,9 +372,11 @@ def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path
             gateway.close()
             gateway = start_gateway(tools=[f"counter={counter.url}"])  # the gateway restarts
             old.url = new.url = f"{gateway.url}/r/zomb/tools/counter"
-            assert new.post("get_counter_value", {}).json() == {"count": 2}
+            # The zombie first: a restarted gateway knows the runs from the journal, not from memory
+            # (it used to take the first key it saw as the current run's, and refuse the real one).
             zombie = old.post("increment_counter", {"count": 3})
             assert zombie.status_code == 409, zombie.text
+            assert new.post("get_counter_value", {}).json() == {"count": 2}
             verified = new.post("verify", {"expected_count": 2}).json()
             assert verified["reward"] == 1.0, verified
         finally:
@@ -397,8 +399,10 @@ def test_what_a_gateway_knew_of_a_rollout_s_runs_ends_when_its_partition_leaves(
             factory = gateway.gateway.factory
             partition = factory.journal.partition_of("mv")  # it moves away, and comes back:
             factory._taken(partition, load_rollouts(factory.journal, partitions={partition}))
+            # The run that seeded at the other owner meanwhile: its attempt names it in the journal.
+            gateway.call(lambda: factory.open(RolloutRef("mv", ""), reason="seeded elsewhere", run_key="k-run-2"))
             other = ServerCookies(client, first.url)
-            other.cookies = {attempt_cookie("mv"): "k-run-2"}  # the run that seeded at the other owner, back here
+            other.cookies = {attempt_cookie("mv"): "k-run-2"}  # that run, back here
             assert other.post("get_counter_value", {}).json() == {"count": 2}
             stale = first.post("increment_counter", {"count": 3})
             assert stale.status_code == 409 and stale.json()["error"]["type"] == "stale_attempt", stale.text
