@@ -371,7 +371,7 @@ class Gateway:
             held = self.chats.get(rollout)
             if held is not None and held.session is not self.factory.sessions.get(rollout):
                 self._forget_runs(rollout)  # it left this gateway since (its partition moved): stale knowledge
-            if key is not None and rollout not in self.attempt_keys:
+            if key is not None:
                 self._refuse_an_older_run(rollout, key, starts_runs)
             if key is not None and key in self.fenced_keys.get(rollout, set()):
                 raise self._stale(rollout)
@@ -381,9 +381,14 @@ class Gateway:
             usable = chat is not None and chat.session is self.factory.sessions.get(rollout)
             same_run = key is None or self.attempt_keys.get(rollout) in (None, key)
             if chat is not None and usable and same_run and not fresh:
-                if key is not None and rollout not in self.attempt_keys:  # the run this session serves from now on
+                if key is None or rollout in self.attempt_keys:
+                    return chat
+                # A run takes over a session opened without its key (an orchestrator's open, a keyless
+                # call after a restart): it is the run this session serves from now on if its attempt
+                # names it; else an attempt that does opens below, so the journal knows the run too.
+                if not chat.session.writes or chat.session.state.run_standing(key) == "current":
                     self.attempt_keys[rollout] = key
-                return chat
+                    return chat
             if self.config.require_open and rollout not in self.opened and not self.factory.known(rollout):
                 raise RolloutNotFoundError(rollout)
             ref = self.opened.get(rollout) or self._ref(request, rollout)
@@ -407,13 +412,17 @@ class Gateway:
             return chat
 
     def _refuse_an_older_run(self, rollout: str, key: str, starts_runs: bool) -> None:
-        """This gateway holds no run of ``rollout`` (it restarted, or the rollout's session left it):
-        the journal does, each attempt naming the run it served. A run a newer one fenced is stale;
-        so is a key the journal never named, unless it may start a run (a header key: a new run of
-        the agent), which a cookie may not (only a ``seed_session`` mints one, and journals it)."""
+        """The journal knows the rollout's runs, each attempt naming the one it served, whatever this
+        gateway remembers (it may have restarted, or the rollout's session may have left it and come
+        back). A run a newer one fenced is stale; so is a key the journal never named, unless it may
+        start a run (a header key: a new run of the agent), which a cookie may not (only a
+        ``seed_session`` mints one, and the attempt it opens names it)."""
         state = self.factory.state_of(rollout)
         standing = state.run_standing(key) if state is not None else None
-        if standing == "older" or (standing == "unknown" and not starts_runs):
+        if standing == "older":
+            raise self._stale(rollout)
+        # (A run this gateway serves a replay-only session of a finished rollout is named nowhere.)
+        if standing == "unknown" and not starts_runs and self.attempt_keys.get(rollout) != key:
             raise self._stale(rollout)
 
     def _ref(self, request: Request, rollout: str) -> RolloutRef:

@@ -340,10 +340,32 @@ def test_a_restarted_gateway_fences_an_older_run_that_comes_back_first(tmp_path:
     generated = upstream.upstream.completions
     again = post(url, body, **{"X-RJ-Attempt-Key": "run-2"})
     assert again.status_code == 200 and upstream.upstream.completions == generated  # its call, from the journal
+    stale = post(url, body, **{"X-RJ-Attempt-Key": "run-1"})  # after the current run: memory agrees
+    assert stale.status_code == 409, stale.text
     assert post(url, body, **{"X-RJ-Attempt-Key": "run-3"}).status_code == 200  # a new run still starts
     gateway.close()
     runs = [e.run for e in events(tmp_path / "journal", "rs") if isinstance(e, AttemptStarted)]
     assert len(set(runs)) == 3 and None not in runs and "run-1" not in runs  # digests, never the keys
+
+
+def test_a_run_that_takes_over_a_keyless_session_is_journaled(tmp_path: Path, upstream, start_gateway) -> None:
+    """After a restart a keyless request opened the rollout's session, and run 2's key took it over
+    in the gateway's memory only: after the next restart the journal's newest run was still run 1's,
+    which was served again. A run that takes over a session whose attempt names another opens one
+    that names it."""
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "temperature": 0}
+    gateway = start_gateway()
+    assert post(gateway.url + "/r/kl/v1/chat/completions", body, **{"X-RJ-Attempt-Key": "run-1"}).status_code == 200
+    gateway.close()
+    gateway = start_gateway()
+    url = gateway.url + "/r/kl/v1/chat/completions"
+    assert post(url, body).status_code == 200  # keyless: an orchestrator, a zombie's model call
+    assert post(url, body, **{"X-RJ-Attempt-Key": "run-2"}).status_code == 200
+    gateway.close()
+    gateway = start_gateway()
+    stale = post(gateway.url + "/r/kl/v1/chat/completions", body, **{"X-RJ-Attempt-Key": "run-1"})
+    assert stale.status_code == 409, stale.text
+    gateway.close()
 
 
 def test_a_client_gone_mid_stream_leaves_its_call_journaled_for_the_rerun(upstream, start_gateway) -> None:

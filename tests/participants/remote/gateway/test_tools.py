@@ -385,6 +385,36 @@ def test_a_nemo_gym_agent_of_an_older_run_is_fenced_by_its_cookie(tmp_path: Path
     assert [json.loads(args)["count"] for args in increments] == [2], increments  # the zombie's 3 never landed
 
 
+def test_a_nemo_gym_run_seeded_on_a_reopened_rollout_is_the_current_one_after_a_restart(
+    tmp_path: Path, counter, start_gateway
+) -> None:
+    """An orchestrator re-opened the rollout (keyless) after a gateway restart, and run 2 seeded on
+    that session: its key was kept in memory only, so after the next restart the journal still named
+    run 1 as current: run 2 was refused and the zombie's increment journaled."""
+    gateway = start_gateway(tools=[f"counter={counter.url}"])
+    try:
+        with cookieless_client(30) as client:
+            old = ServerCookies(client, f"{gateway.url}/r/ng/tools/counter")
+            new = ServerCookies(client, f"{gateway.url}/r/ng/tools/counter")
+            assert old.post("seed_session", {"initial_count": 0}).status_code == 200
+            assert old.post("increment_counter", {"count": 2}).status_code == 200
+            gateway.close()
+            gateway = start_gateway(tools=[f"counter={counter.url}"])
+            old.url = new.url = f"{gateway.url}/r/ng/tools/counter"
+            assert httpx.post(f"{gateway.url}/r/ng/open", json={}).status_code == 200
+            assert new.post("seed_session", {"initial_count": 0}).status_code == 200  # run 2
+            gateway.close()
+            gateway = start_gateway(tools=[f"counter={counter.url}"])
+            old.url = new.url = f"{gateway.url}/r/ng/tools/counter"
+            zombie = old.post("increment_counter", {"count": 3})
+            assert zombie.status_code == 409, zombie.text
+            assert new.post("get_counter_value", {}).json() == {"count": 2}
+    finally:
+        gateway.close()
+    increments = [m.args_json for m in mutations(tmp_path / "journal", "ng") if m.op == "increment_counter"]
+    assert [json.loads(args)["count"] for args in increments] == [2], increments
+
+
 def test_what_a_gateway_knew_of_a_rollout_s_runs_ends_when_its_partition_leaves(counter, start_gateway) -> None:
     """Under group ownership a rollout's partition can move to another gateway and back. The runs
     this gateway knew from before are stale then: the run that started at the other owner (its
