@@ -384,9 +384,11 @@ class Gateway:
                 if key is None or rollout in self.attempt_keys:
                     return chat
                 # A run takes over a session opened without its key (an orchestrator's open, a keyless
-                # call after a restart): it is the run this session serves from now on if its attempt
-                # names it; else an attempt that does opens below, so the journal knows the run too.
-                if not chat.session.writes or chat.session.state.run_standing(key) == "current":
+                # call after a restart): the run this session serves from now on. Where the journal
+                # names another run as current, an attempt that names this one opens below instead,
+                # so the journal never lags (a journal that names none yet is left as it is: a new
+                # attempt there would count a re-drive that never happened).
+                if not chat.session.writes or chat.session.state.run_standing(key) in (None, "current"):
                     self.attempt_keys[rollout] = key
                     return chat
             if self.config.require_open and rollout not in self.opened and not self.factory.known(rollout):
@@ -416,13 +418,13 @@ class Gateway:
         gateway remembers (it may have restarted, or the rollout's session may have left it and come
         back). A run a newer one fenced is stale; so is a key the journal never named, unless it may
         start a run (a header key: a new run of the agent), which a cookie may not (only a
-        ``seed_session`` mints one, and the attempt it opens names it)."""
+        ``seed_session`` mints one, and the attempt it opens names it), or this gateway serves it
+        already. A finished rollout's runs are left to memory: they replay, and journal nothing."""
         state = self.factory.state_of(rollout)
-        standing = state.run_standing(key) if state is not None else None
-        if standing == "older":
-            raise self._stale(rollout)
-        # (A run this gateway serves a replay-only session of a finished rollout is named nowhere.)
-        if standing == "unknown" and not starts_runs and self.attempt_keys.get(rollout) != key:
+        if state is None or state.terminal:  # a finished rollout's runs only replay: nothing to protect
+            return
+        standing = state.run_standing(key)
+        if standing == "older" or (standing == "unknown" and not starts_runs and self.attempt_keys.get(rollout) != key):
             raise self._stale(rollout)
 
     def _ref(self, request: Request, rollout: str) -> RolloutRef:

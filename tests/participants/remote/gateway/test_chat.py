@@ -348,6 +348,17 @@ def test_a_restarted_gateway_fences_an_older_run_that_comes_back_first(tmp_path:
     assert len(set(runs)) == 3 and None not in runs and "run-1" not in runs  # digests, never the keys
 
 
+def test_an_opened_rollout_driven_by_one_run_keeps_one_attempt(tmp_path: Path, upstream, start_gateway) -> None:
+    """An orchestrator opens the rollout (no key), then the agent's run drives it with its key: one
+    attempt, as before runs were journaled (a second would count a re-drive that never happened)."""
+    gateway = start_gateway()
+    assert post(gateway.url + "/r/op/open", {"group_id": "g", "group_size": 1}).status_code == 200
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "temperature": 0}
+    assert post(gateway.url + "/r/op/v1/chat/completions", body, **{"X-Session-ID": "s1"}).status_code == 200
+    gateway.close()
+    assert [type(e).__name__ for e in events(tmp_path / "journal", "op")].count("AttemptStarted") == 1
+
+
 def test_a_run_that_takes_over_a_keyless_session_is_journaled(tmp_path: Path, upstream, start_gateway) -> None:
     """After a restart a keyless request opened the rollout's session, and run 2's key took it over
     in the gateway's memory only: after the next restart the journal's newest run was still run 1's,
