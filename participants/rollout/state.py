@@ -27,7 +27,7 @@ import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -227,7 +227,7 @@ class RolloutState(RolloutProgress):
             self.runs = [r for r in self.runs if r != event.run] + [event.run]
         super()._on_attempt(event)
 
-    def run_standing(self, key: str) -> str | None:
+    def run_standing(self, key: str) -> RunStanding | None:
         """Where the agent run ``key`` names stands among the runs the journal holds: ``current``
         (the newest attempt's), ``older`` (one a newer run fenced) or ``unknown``; None when no
         attempt named a run (a rollout no keyed agent drove, or journaled before runs were kept)."""
@@ -531,6 +531,9 @@ class RolloutState(RolloutProgress):
             template_mismatch_calls=counts[4],
             effects=EffectLog.from_doc(doc.get("effects"), head_tokens, logprobs if lineage is not None else None),
         )
+
+
+RunStanding = Literal["current", "older", "unknown"]
 
 
 def run_digest(key: str) -> str:

@@ -794,8 +794,7 @@ async def _drain(queue: asyncio.Queue[TokenChunk], task: asyncio.Task[Any]) -> A
         try:
             await asyncio.wait({getter, task}, return_when=asyncio.FIRST_COMPLETED)
         finally:  # a getter cancelled before it took its chunk leaves it in the queue
-            if not getter.done():
-                await cancel_and_wait(getter)
+            await cancel_and_wait(getter)  # nothing, for a getter that took its chunk
         if not getter.cancelled():
             yield getter.result()
 

@@ -11,6 +11,7 @@ same ids the stream announced.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import Mapping
@@ -57,7 +58,7 @@ class ResponseStream:
     def _open_message(self) -> list[str]:
         if self.ids.message_id is not None:
             return []
-        self.ids = StreamIds(self.ids.response_id, self.ids.created_at, f"msg_{uuid.uuid4().hex}")
+        self.ids = dataclasses.replace(self.ids, message_id=f"msg_{uuid.uuid4().hex}")
         item: dict[str, Any] = {
             "id": self.ids.message_id,
             "type": "message",
