@@ -229,8 +229,10 @@ class Codec:
 
     def decode(self, data: bytes, location: RecordLocation) -> Record:
         """Decode one record; errors name ``location``."""
-        if len(data) < PREFIX_LEN or data[:2] != MAGIC:
+        if data[:2] != MAGIC:
             raise CorruptRecordError(location, f"bad magic {bytes(data[:2]).hex() or 'empty'} (expected c301)")
+        if len(data) < PREFIX_LEN:
+            raise CorruptRecordError(location, f"{len(data)} bytes, shorter than the {PREFIX_LEN}-byte Avro prefix")
         fp = bytes(data[2:PREFIX_LEN])
         found = self._by_fingerprint.get(fp)
         if found is None:
