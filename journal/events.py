@@ -400,6 +400,19 @@ class FenceHistory:
 
 
 @dataclass(frozen=True)
+class AcknowledgedRollouts:
+    """Rollouts of one partition the trainer took, folded out of their fence records (not a rollout
+    event: the value of a write-once compacted key ``<first rollout>/acknowledged/<digest>``), so a
+    restore reads a few of these instead of one fence per rollout ever run."""
+
+    RECORD: ClassVar[str] = "AcknowledgedRollouts"
+    partition: int
+    rollout_ids: list[str]
+    epochs: list[int]  # each rollout's acknowledged epoch, in the order of rollout_ids
+    newest_attempts: list[int]  # each rollout's newest attempt (0: its writer knew none), in that order
+
+
+@dataclass(frozen=True)
 class RolloutSummary:
     """Where one rollout stands as its events fold (not a rollout event: the value of the compacted
     key ``<rollout>/e<epoch>`` on the summaries stream), written with the events it folds. Built and
@@ -598,12 +611,20 @@ RolloutEvent = Union[
     HeadCheckpoint,
 ]
 Record = Union[
-    RolloutEvent, Snapshot, BlobChunk, EventChunk, WorkloadRegistered, FenceHistory, TrainingRecord, RolloutSummary
+    RolloutEvent,
+    Snapshot,
+    BlobChunk,
+    EventChunk,
+    WorkloadRegistered,
+    FenceHistory,
+    AcknowledgedRollouts,
+    TrainingRecord,
+    RolloutSummary,
 ]
 
 ROLLOUT_EVENT_TYPES: tuple[type, ...] = get_args(RolloutEvent)
 """What the events stream holds (besides the EventChunk pieces of a large one); a Snapshot,
-BlobChunk, WorkloadRegistered or FenceHistory found there is a foreign record."""
+BlobChunk, WorkloadRegistered, FenceHistory or AcknowledgedRollouts found there is a foreign record."""
 
 EVENT_TYPES: tuple[type[Record], ...] = (
     AttemptStarted,
@@ -622,6 +643,7 @@ EVENT_TYPES: tuple[type[Record], ...] = (
     WorkloadRegistered,
     HeadCheckpoint,
     FenceHistory,
+    AcknowledgedRollouts,
     TrainingRecord,
     RolloutSummary,
 )

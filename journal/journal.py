@@ -52,6 +52,7 @@ from rollout_journal.journal.snapshots import (
     SnapshotDraft,
     SnapshotIndex,
     SnapshotSlots,
+    bucket_records,
     fence_record,
     load_snapshots,
     snapshot_records,
@@ -150,6 +151,7 @@ class Journal:
         max_event_bytes: int = 64 * 1024 * 1024,
         metrics: JournalMetrics | None = None,
         commit_interval_ms: float = 0.0,
+        acknowledgement_bucket_size: int = 256,
     ) -> None:
         """``max_record_bytes``: an event encoding to more is journaled as ``EventChunk`` pieces
         (lowered to what the backend takes, e.g. a Kafka topic's ``max.message.bytes``), and so is a
@@ -157,7 +159,15 @@ class Journal:
         largest event an append takes, and a reader joins; a larger one fails its own append.
         ``metrics`` hears of commits, transactions and fenced appends (``journal.metrics``).
         ``commit_interval_ms``: the least time between the starts of two commits (a fleet worker's
-        100 ms: its transactions grow with time, not with turns; see ``journal.group_commit``)."""
+        100 ms: its transactions grow with time, not with turns; see ``journal.group_commit``).
+        ``acknowledgement_bucket_size``: once this writer knows that many acknowledged fences of a
+        partition, its next acknowledgement there folds them into one bucket (see
+        ``journal.snapshots``), so a restore reads a few buckets, not a fence per rollout ever run;
+        0 never folds (a version before buckets reads the journal as it always did)."""
+        if acknowledgement_bucket_size < 0:
+            raise ConfigurationError(
+                f"acknowledgement_bucket_size must be 0 (never fold) or more, not {acknowledgement_bucket_size}"
+            )
         self.backend = backend
         self.metrics = metrics or NO_METRICS
         backend.observe(self.metrics)
@@ -181,6 +191,10 @@ class Journal:
         self._acknowledged: set[str] = set()  # rollouts this writer knows acknowledged (restore, or applied here)
         self._acknowledging: dict[str, int] = {}  # rollout -> its newest acknowledgement not yet settled
         self._ack_serial = 0
+        self.acknowledgement_bucket_size = acknowledgement_bucket_size
+        # partition -> acknowledged rollouts whose fence record is durable and in no bucket this writer wrote
+        # (rollout -> its acknowledged epoch and newest attempt): what the next fold there takes
+        self._loose: dict[int, dict[str, tuple[int, int]]] = {}
         self._workloads_stream_checked = False  # register_workload looked for registrations to copy there
         # Each rollout's summary, folded from what this writer appends (a backend that keeps summaries)
         # (a summary goes whole into its own record and into a snapshot's, beside an inline state)
@@ -364,20 +378,25 @@ class Journal:
         ran it (a trainer acknowledging from its training record); else what this writer knows."""
         header = event.header
         rollout_id = header.rollout_id
+        partition = self.partition_of(rollout_id)
         encoded = OutRecord(Stream.EVENTS, rollout_id, self.codec.encode(event), rollout_id)
-        check = self._partition_check([self.partition_of(rollout_id)])  # refused here: nothing to remember
+        check = self._partition_check([partition])  # refused here: nothing to remember
         with self._fence_lock:
             self._acknowledged.add(rollout_id)
             known = self._attempts.get(rollout_id, []) if attempts is None else attempts
             marker = FenceHistory(rollout_id, list(known), header.epoch)
+            newest = max(known, key=lambda entry: entry.epoch).attempt if known else 0  # what its fence says
             summary = self._summary_records([event]) if self._summaries is not None else []
+            folding = self._take_fold(partition)
         fence = fence_record(self.codec, marker)
+        folded = bucket_records(self.codec, partition, folding) if folding else []
         future = self._committer.submit(
             lambda: [
                 encoded,
                 *tombstone_records(rollout_id, self._slots.get(rollout_id), keep_fence=True),
                 fence,
                 *summary,
+                *folded,
             ],
             check=check,
         )
@@ -385,9 +404,57 @@ class Journal:
         with self._fence_lock:
             self._ack_serial += 1
             serial = self._acknowledging[rollout_id] = self._ack_serial
+
+        def settled(done: Future[AppendReceipt]) -> None:
+            self._acknowledgement_settled(rollout_id, serial, done)
+            self._fold_settled(partition, rollout_id, (header.epoch, newest), folding, done)
+
         # Future's own method: the committer's would make the batch due and skip its linger.
-        Future.add_done_callback(future, lambda done: self._acknowledgement_settled(rollout_id, serial, done))
+        Future.add_done_callback(future, settled)
         return future
+
+    def _take_fold(self, partition: int) -> dict[str, tuple[int, int]]:
+        """(Under the fence lock.) The loose acknowledged fences of ``partition`` to fold into a bucket
+        with the next acknowledgement's commit, taken out of ``_loose`` (given back if it fails);
+        nothing until there are ``acknowledgement_bucket_size`` of them. A bucket holds at most what
+        fits half a record."""
+        size = self.acknowledgement_bucket_size
+        loose = self._loose.get(partition)
+        if size == 0 or loose is None or len(loose) < size:
+            return {}
+        taken: dict[str, tuple[int, int]] = {}
+        budget = self.max_record_bytes // 2
+        for rollout_id in list(loose)[:size]:  # one bucket's worth: an unreadable bucket costs no more
+            budget -= len(rollout_id.encode()) + 12
+            if budget < 0 and taken:
+                break
+            taken[rollout_id] = loose.pop(rollout_id)
+        return taken
+
+    def _fold_settled(
+        self,
+        partition: int,
+        rollout_id: str,
+        entry: tuple[int, int],
+        folding: dict[str, tuple[int, int]],
+        done: Future[AppendReceipt],
+    ) -> None:
+        """An acknowledgement's commit settled: its rollout's fence is a loose one now, to be folded
+        later; the fences it folded are gone, or, if it failed, loose again. A wait cancelled before
+        the commit decided says nothing of it: the fold is given back (folding a fence twice is
+        harmless) and the rollout is not taken for loose (the next restore learns its fence). A
+        partition this writer released meanwhile is not its to fold."""
+        failed = done.cancelled() or done.exception() is not None
+        with self._fence_lock:
+            loose = self._loose.get(partition)
+            released = self.backend.writes_per_partition and partition not in self._taken
+            if loose is None and (failed or released):
+                return
+            loose = self._loose.setdefault(partition, {})
+            if failed:
+                loose.update(folding)
+            else:
+                loose[rollout_id] = entry
 
     def _acknowledgement_settled(self, rollout_id: str, serial: int, done: Future[AppendReceipt]) -> None:
         """Durable (or cancelled by its waiter: the committer commits it all the same): the rollout's
@@ -544,8 +611,16 @@ class Journal:
         with self._fence_lock:
             self._fence.raise_to(rollout_id, fence.epoch)
             self._attempts[rollout_id] = list(fence.history)
-            if fence.acknowledged:
+            if fence.acknowledged_epoch is not None:
                 self._acknowledged.add(rollout_id)
+                entry = (fence.acknowledged_epoch, fence.attempt)
+                self._loose.setdefault(self.partition_of(rollout_id), {})[rollout_id] = entry
+
+    def note_folded(self, rollout_ids: Iterable[str]) -> None:
+        """Tell the writer rollouts that buckets name as acknowledged (restore learns them): in bulk,
+        and nothing more than that (no attempt of theirs follows), since a long history has many."""
+        with self._fence_lock:
+            self._acknowledged.update(rollout_ids)
 
     def note_snapshot_slots(self, rollout_id: str, slots: SnapshotSlots) -> None:
         """Tell the writer what a rollout's snapshot keys hold (restore learns it), so the next snapshot
@@ -608,6 +683,7 @@ class Journal:
                 self._fence.forget(rollout_id)
             self._acknowledged = {r for r in self._acknowledged if self.partition_of(r) != partition}
             self._acknowledging = {r: n for r, n in self._acknowledging.items() if self.partition_of(r) != partition}
+            self._loose.pop(partition, None)
             if self._summaries is not None:
                 self._summaries.drop(r for r in self._summaries.known() if self.partition_of(r) == partition)
         for rollout_id in [r for r in self._slots if self.partition_of(r) == partition]:

@@ -39,6 +39,7 @@ class JournalOptions(TypedDict, total=False):
     max_event_bytes: int
     metrics: JournalMetrics | None
     commit_interval_ms: float
+    acknowledgement_bucket_size: int
 
 
 def is_kafka_url(location: str) -> bool:

@@ -23,7 +23,7 @@ from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import RecordLocation, SnapshotsLostError
 from rollout_journal.journal.events import WorkloadRegistered
 from rollout_journal.journal.journal import Cursor, Journal, JournaledEvent, ReadReport
-from rollout_journal.journal.snapshots import RUNNING, Fence, LoadedSnapshot, load_snapshots
+from rollout_journal.journal.snapshots import RUNNING, Fence, Fences, LoadedSnapshot, load_snapshots
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class RestorePlan:
     report: ReadReport
     seconds: float
     events_replayed: int
-    acknowledged: dict[str, Fence] = field(default_factory=dict)  # the trainer took these: nothing to restore
+    acknowledged: Fences = field(default_factory=Fences)  # the trainer took these: nothing to restore
 
 
 def load_rollouts(
@@ -71,8 +71,13 @@ def load_rollouts(
     report.errors.extend(index.errors)
     cursors: dict[str, Cursor] = {}
     histories: dict[str, RolloutHistory] = {}
-    acknowledged: dict[str, Fence] = {}
-    for rollout_id in index.snapshots.keys() | index.fences.keys():
+    # Rollouts only a bucket names are acknowledged, handled in bulk: a long history has thousands.
+    acknowledged = Fences()
+    acknowledged.folded = folded = index.fences.only_folded()
+    if only is not None:
+        acknowledged.folded = folded = {rollout_id: entry for rollout_id, entry in folded.items() if rollout_id in only}
+    journal.note_folded(folded)
+    for rollout_id in index.snapshots.keys() | index.fences.records.keys():
         if only is not None and rollout_id not in only:
             continue
         loaded, fence = index.snapshots.get(rollout_id), index.fences.get(rollout_id)
@@ -87,7 +92,7 @@ def load_rollouts(
         if _final(loaded, fence):
             continue  # nothing of it follows its snapshot, so it must not pin where the read starts
         cursors[rollout_id] = _cursor(rollout_id, loaded, fence)
-    for rollout_id in _rollouts_only_the_log_names(journal, set(histories) | set(acknowledged), partitions):
+    for rollout_id in _rollouts_only_the_log_names(journal, histories, acknowledged, partitions, index.unaccounted):
         if only is not None and rollout_id not in only:
             continue
         log.warning(
@@ -187,7 +192,7 @@ def history_from_first_event(
     snapshot written by an older version lacks what the rollout's next turns need)."""
     cursor = Cursor()
     fence = history.fence
-    if fence is not None:
+    if fence is not None and fence.history:
         cursor = Cursor(0, -1, fence.epoch, resume_seq=fence.seq, history=tuple(fence.starts().items()))
     events = list(journal.read_rollout(history.rollout_id, cursor, report))
     return RolloutHistory(history.rollout_id, None, events, fence)
@@ -202,8 +207,12 @@ def _final(loaded: LoadedSnapshot | None, fence: Fence | None) -> bool:
 
 
 def _cursor(rollout_id: str, loaded: LoadedSnapshot | None, fence: Fence | None) -> Cursor:
-    """Where a rollout's replay starts: after its snapshot (or at its first event), fenced."""
+    """Where a rollout's replay starts: after its snapshot (or at its first event), fenced. A fence
+    that names no attempt (an acknowledged rollout a bucket names, or one a writer that knew none
+    of its attempts acknowledged) fences nothing: which of its events were superseded, it cannot say."""
     cursor = Cursor()
+    if fence is not None and not fence.history:
+        fence = None
     if loaded is None:
         log.warning("rollout %s has no valid snapshot left; replaying it from its first event", rollout_id)
     else:
@@ -216,15 +225,27 @@ def _cursor(rollout_id: str, loaded: LoadedSnapshot | None, fence: Fence | None)
     return cursor
 
 
-def _rollouts_only_the_log_names(journal: Journal, known: set[str], partitions: Collection[int] | None) -> list[str]:
+def _rollouts_only_the_log_names(
+    journal: Journal,
+    histories: Collection[str],
+    acknowledged: Collection[str],
+    partitions: Collection[int] | None,
+    unaccounted: Collection[int],
+) -> list[str]:
     """When the backend lost part of the snapshot stream (a file journal's missing snapshot
-    generation), the stream no longer lists every rollout, but the event log, keyed by
-    rollout, still does: one pass over the keys, nothing decoded. An acknowledged rollout is
-    found too (its tombstone was lost with the stream), so its result is offered again
-    rather than the rollout run from scratch."""
-    if not any(isinstance(damage, SnapshotsLostError) for damage in journal.backend.damage()):
+    generation), or a record there that may have been an acknowledgement bucket is unreadable
+    (``unaccounted``: its rollouts have neither fence nor snapshot left), the stream no longer
+    lists every rollout, but the event log, keyed by rollout, still does: one pass over the keys of
+    those partitions, nothing decoded. Such a rollout is replayed from its first event: an
+    acknowledged one's events end in its ``RolloutAcknowledged``, so it is known taken, never
+    run again; one whose tombstone was lost with the stream has its result offered again."""
+    if any(isinstance(damage, SnapshotsLostError) for damage in journal.backend.damage()):
+        scan = range(journal.backend.partitions) if partitions is None else sorted(partitions)
+    else:
+        scan = sorted(p for p in unaccounted if partitions is None or p in partitions)
+    if not scan:
         return []
     named: set[str] = set()
-    for partition in range(journal.backend.partitions) if partitions is None else sorted(partitions):
+    for partition in scan:
         named.update(record.key for record in journal.backend.read_events(partition, 0) if record.error is None)
-    return sorted(named - known)
+    return sorted(named - set(histories) - set(acknowledged))

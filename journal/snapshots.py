@@ -30,14 +30,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import cast
 
 from rollout_journal.journal.backend import OutRecord, StoredRecord, Stream, compacted
 from rollout_journal.journal.codec import Codec
 from rollout_journal.journal.errors import CorruptRecordError, JournalError, RecordLocation
 from rollout_journal.journal.events import (
+    AcknowledgedRollouts,
     AttemptStarted,
     BlobChunk,
     BlobRef,
@@ -53,6 +55,7 @@ from rollout_journal.schemas import released_versions
 RUNNING = "running"  # a snapshot status: events may follow it; any other status is final
 BLOB_MARK = "/blob/"
 FENCE_SUFFIX = "/fence"
+BUCKET_MARK = "/acknowledged/"
 WORKLOAD_SUFFIX = "/workload"
 LEGACY_WORKLOAD_PREFIX = "workload:"  # 0.1.0 kept a workload's registration as a pseudo-rollout snapshot
 SLOT_ONE_SUFFIX = "/snapshot/1"
@@ -87,6 +90,14 @@ def _slot_of(key: str) -> tuple[str, int] | None:
 
 def blob_chunk_key(rollout_id: str, sha256: str, index: int) -> str:
     return f"{rollout_id}{BLOB_MARK}{sha256}/{index}"
+
+
+def bucket_key(rollout_ids: Iterable[str]) -> str:
+    """A bucket's own key: its first rollout and a digest of every id it names, so two writers
+    folding different sets never overwrite each other's bucket."""
+    ids = list(rollout_ids)
+    digest = hashlib.sha256("\n".join(ids).encode()).hexdigest()[:32]
+    return f"{ids[0]}{BUCKET_MARK}{digest}"
 
 
 @dataclass(frozen=True)
@@ -130,6 +141,63 @@ class Fence:
         return {entry.epoch: entry.seq for entry in self.history}
 
 
+Folded = tuple[int, int, RecordLocation]
+"""What a bucket says of a rollout: its acknowledged epoch, its newest attempt, and where the bucket lies."""
+
+
+class Fences(MutableMapping[str, Fence]):
+    """Fences by rollout id: each fence record's (``records``), and the acknowledged rollouts that
+    buckets name (``folded``: rollout -> (acknowledged epoch, newest attempt, the bucket's location)), made a
+    :class:`Fence` only when one is asked for. Why: a restore of a partition with a long history
+    meets thousands of acknowledged rollouts and needs none of them as objects; readers that do ask
+    (a trainer checking a rollout is acknowledged) get the same answer a fence record gives. A
+    record wins over a bucket: it holds the attempts."""
+
+    __slots__ = ("records", "folded")
+
+    def __init__(
+        self,
+        records: Mapping[str, Fence] | None = None,
+        folded: Mapping[str, Folded] | None = None,
+    ) -> None:
+        self.records: dict[str, Fence] = dict(records or {})
+        self.folded: dict[str, Folded] = dict(folded or {})
+
+    def __getitem__(self, rollout_id: str) -> Fence:
+        fence = self.records.get(rollout_id)
+        if fence is not None:
+            return fence
+        epoch, attempt, location = self.folded[rollout_id]
+        return Fence(epoch, attempt, 0, location, (), epoch)
+
+    def __contains__(self, rollout_id: object) -> bool:
+        return rollout_id in self.records or rollout_id in self.folded
+
+    def __setitem__(self, rollout_id: str, fence: Fence) -> None:
+        self.records[rollout_id] = fence
+
+    def __delitem__(self, rollout_id: str) -> None:
+        found = self.records.pop(rollout_id, None) is not None
+        found = self.folded.pop(rollout_id, None) is not None or found
+        if not found:
+            raise KeyError(rollout_id)
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.records
+        yield from (rollout_id for rollout_id in self.folded if rollout_id not in self.records)
+
+    def __len__(self) -> int:
+        return len(self.folded) + sum(1 for rollout_id in self.records if rollout_id not in self.folded)
+
+    def only_folded(self) -> dict[str, Folded]:
+        """The rollouts a bucket names and no fence record does (a copy: one pass in C, then a step
+        per fence record, of which a partition keeps few)."""
+        folded = dict(self.folded)
+        for rollout_id in self.records:
+            folded.pop(rollout_id, None)
+        return folded
+
+
 @dataclass(frozen=True)
 class SnapshotSlots:
     """What a writer must know of a rollout's two snapshot keys: the slot to keep (it holds the
@@ -148,10 +216,14 @@ class SnapshotIndex:
     """Newest valid snapshot per rollout, its fence, and what was wrong with newer ones."""
 
     snapshots: dict[str, LoadedSnapshot | None] = field(default_factory=dict)  # None: known rollout, no valid snapshot
-    fences: dict[str, Fence] = field(default_factory=dict)
+    fences: Fences = field(default_factory=Fences)
     workloads: dict[str, WorkloadRegistered] = field(default_factory=dict)
     errors: list[JournalError] = field(default_factory=list)
     slots: dict[str, SnapshotSlots] = field(default_factory=dict)  # for the writer that continues these rollouts
+    # Partitions with an unreadable record that may have been a bucket (one naming it so, or one whose
+    # key is unreadable too): the rollouts it named have neither fence nor snapshot left, and only
+    # their events say what became of them (restore reads their keys there).
+    unaccounted: set[int] = field(default_factory=set)
 
 
 def snapshot_records(
@@ -219,6 +291,15 @@ def fence_record(codec: Codec, history: FenceHistory) -> OutRecord:
     return OutRecord(Stream.SNAPSHOTS, fence_key(history.rollout_id), codec.encode(history), history.rollout_id)
 
 
+def bucket_records(codec: Codec, partition: int, acknowledged: Mapping[str, tuple[int, int]]) -> list[OutRecord]:
+    """``acknowledged`` (rollout -> its acknowledged epoch and newest attempt, all of ``partition``)
+    folded: one write-once bucket naming them, then the tombstones of their fences, for one commit."""
+    ids = sorted(acknowledged)
+    bucket = AcknowledgedRollouts(partition, ids, [acknowledged[r][0] for r in ids], [acknowledged[r][1] for r in ids])
+    records = [OutRecord(Stream.SNAPSHOTS, bucket_key(ids), codec.encode(bucket), ids[0])]
+    return records + [OutRecord(Stream.SNAPSHOTS, fence_key(r), None, r) for r in ids]
+
+
 def blob_tombstones(rollout_id: str, blob: BlobRef) -> list[OutRecord]:
     return [
         OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, blob.sha256, i), None, rollout_id)
@@ -229,19 +310,29 @@ def blob_tombstones(rollout_id: str, blob: BlobRef) -> list[OutRecord]:
 def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) -> SnapshotIndex:
     """Read a snapshot stream to its end and pick each rollout's newest valid snapshot."""
     index = SnapshotIndex()
-    # cast: compacted() hands on_error only the records whose error is set
-    latest = compacted(stored, keep, lambda r: index.errors.append(CorruptRecordError(r.location, cast(str, r.error))))
+    buckets: list[StoredRecord] = []
+
+    def unreadable(record: StoredRecord) -> None:
+        # cast: compacted() hands on_error only the records whose error is set
+        index.errors.append(CorruptRecordError(record.location, cast(str, record.error)))
+        if not record.key or BUCKET_MARK in record.key:
+            index.unaccounted.add(record.location.partition)
+
+    latest = compacted(stored, keep, unreadable)
     chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key}
     for key, records in latest.items():
         try:
             if key.endswith(FENCE_SUFFIX):
                 index.fences[key[: -len(FENCE_SUFFIX)]] = _fence(codec, records[-1])
+            elif BUCKET_MARK in key:
+                buckets.append(records[-1])
             elif key.endswith(WORKLOAD_SUFFIX):
                 index.workloads[key[: -len(WORKLOAD_SUFFIX)]] = _workload(codec, records[-1])
             elif key.startswith(LEGACY_WORKLOAD_PREFIX):
                 index.workloads[key[len(LEGACY_WORKLOAD_PREFIX) :]] = _legacy_workload(codec, records[-1])
         except JournalError as exc:
             index.errors.append(exc)
+    _fold(codec, buckets, index)
     candidates: dict[str, list[tuple[int, StoredRecord]]] = {}
     for key, records in latest.items():
         slot_of = _slot_of(key)
@@ -329,6 +420,34 @@ def _fence(codec: Codec, record: StoredRecord) -> Fence:
     return Fence(
         newest.epoch, newest.attempt, newest.seq, record.location, tuple(value.attempts), value.acknowledged_epoch
     )
+
+
+def _fold(codec: Codec, buckets: list[StoredRecord], index: SnapshotIndex) -> None:
+    """The rollouts the buckets name, into ``index.fences.folded``, in bulk (no Python step per
+    rollout: a long history names many). A rollout two buckets name keeps the earlier one (from
+    there on, a snapshot of it is a zombie's): the newest bucket goes in first, each older one
+    overwrites it. An unreadable bucket is reported and leaves its partition unaccounted."""
+    folded = index.fences.folded
+    for record in sorted(buckets, key=lambda r: (r.location.partition, r.location.offset), reverse=True):
+        try:
+            bucket = _bucket(codec, record)
+        except JournalError as exc:
+            index.errors.append(exc)
+            index.unaccounted.add(record.location.partition)
+            continue
+        folded.update(zip(bucket.rollout_ids, zip(bucket.epochs, bucket.newest_attempts, repeat(record.location))))
+
+
+def _bucket(codec: Codec, record: StoredRecord) -> AcknowledgedRollouts:
+    try:
+        bucket = _decode(codec, record)
+    except CorruptRecordError as exc:
+        raise CorruptRecordError(record.location, f"acknowledgement bucket {record.key}: {exc.reason}") from exc
+    if not isinstance(bucket, AcknowledgedRollouts) or not (
+        len(bucket.rollout_ids) == len(bucket.epochs) == len(bucket.newest_attempts)
+    ):
+        raise CorruptRecordError(record.location, f"{record.key} holds no well-formed AcknowledgedRollouts")
+    return bucket
 
 
 def _workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:

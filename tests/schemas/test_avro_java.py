@@ -69,6 +69,7 @@ EVERY_RECORD_TYPE = {
     "HeadCheckpoint",
     "RolloutFailed",
     "FenceHistory",
+    "AcknowledgedRollouts",
 }
 WHERE = RecordLocation("test", 0, 0)
 
@@ -181,7 +182,9 @@ def test_java_decodes_a_record_of_every_kept_schema_version(avro_java: AvroJava,
 
 def write_every_record_type(journal: Journal) -> None:
     """A rollout whose first attempt fails on its infrastructure, resumes as attempt 2 with a
-    chunked snapshot, finishes, is acknowledged, and has its resources' chain heads signed."""
+    chunked snapshot, finishes, is acknowledged, and has its resources' chain heads signed. A second
+    rollout on its partition (of 1 or 2) runs and is acknowledged: with a bucket size of 1 that folds
+    the first one's fence into an ``AcknowledgedRollouts`` bucket."""
     r = "rollout-a"
     mutation = ResourceMutation(
         header(r, 2), "r/mail", "mailbox", "send", '{"to":"a"}', "r:1:0", 4, 5, '{"ok":true}', "d" * 64, "c" * 64
@@ -204,6 +207,8 @@ def write_every_record_type(journal: Journal) -> None:
     )
     journal.append_sync([RolloutFinished(header(r, 9, turn=2, attempt=2, epoch=2), 0.75, 2, '{"reward":0.75}')])
     journal.acknowledge(RolloutAcknowledged(header(r, 10, turn=2, attempt=2, epoch=2), "trainer-0")).result()
+    journal.append_sync([started("rollout-b", 0), RolloutFinished(header("rollout-b", 1), 1.0, 0, "{}")])
+    journal.acknowledge(RolloutAcknowledged(header("rollout-b", 2), "trainer-0")).result()
     signer = HeadSigner.generate()
     journal.append_sync(
         [
@@ -218,7 +223,7 @@ def write_every_record_type(journal: Journal) -> None:
 
 
 def test_java_decodes_a_file_journal(avro_java: AvroJava, tmp_path: Path) -> None:
-    journal = Journal(FileBackend(tmp_path / "journal"), inline_snapshot_limit=4096)
+    journal = Journal(FileBackend(tmp_path / "journal"), inline_snapshot_limit=4096, acknowledgement_bucket_size=1)
     write_every_record_type(journal)
     journal.close()
     backend = FileBackend(tmp_path / "journal")
@@ -275,7 +280,7 @@ def test_java_decodes_a_kafka_journal(
         partitions=2,
         transactional_id=f"{kafka_namespace}-writer",
     )
-    journal = Journal(KafkaBackend(settings), inline_snapshot_limit=4096)
+    journal = Journal(KafkaBackend(settings), inline_snapshot_limit=4096, acknowledgement_bucket_size=1)
     try:
         write_every_record_type(journal)
     finally:

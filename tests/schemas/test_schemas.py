@@ -26,8 +26,16 @@ from tests.support.schema_samples import SAMPLES
 
 WHERE = RecordLocation("test", 0, 0)
 
-NOT_ROLLOUT_EVENTS = ("Snapshot", "BlobChunk", "WorkloadRegistered", "FenceHistory", "TrainingRecord", "RolloutSummary")
-NO_HEADER = ("BlobChunk", "WorkloadRegistered", "FenceHistory", "RolloutSummary")
+NOT_ROLLOUT_EVENTS = (
+    "Snapshot",
+    "BlobChunk",
+    "WorkloadRegistered",
+    "FenceHistory",
+    "AcknowledgedRollouts",
+    "TrainingRecord",
+    "RolloutSummary",
+)
+NO_HEADER = ("BlobChunk", "WorkloadRegistered", "FenceHistory", "AcknowledgedRollouts", "RolloutSummary")
 
 CASES = [(name, v) for name, versions in schemas.released_versions().items() for v in versions]
 
@@ -138,6 +146,7 @@ STANDARD_FINGERPRINTS = {
     ("Snapshot", 2): "2d9ab8a8a1c4dd11",
     ("RolloutSummary", 1): "9c801bd7a6f16fc3",
     ("AttemptStarted", 4): "429a26684f3299f5",
+    ("AcknowledgedRollouts", 1): "9352617179e4509a",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
 

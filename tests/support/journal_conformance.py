@@ -17,8 +17,14 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from rollout_journal.journal.backend import Backend, OutRecord, Stream
-from rollout_journal.journal.errors import CorruptRecordError, FencedWriteError, OversizedEventError, UnknownSchemaError
+from rollout_journal.journal.backend import Backend, OutRecord, StoredRecord, Stream, compacted
+from rollout_journal.journal.errors import (
+    CorruptRecordError,
+    FencedWriteError,
+    OversizedEventError,
+    RecordLocation,
+    UnknownSchemaError,
+)
 from rollout_journal.journal.event_chunks import split_event
 from rollout_journal.journal.events import (
     AttemptStarted,
@@ -31,8 +37,14 @@ from rollout_journal.journal.events import (
     TurnCompleted,
 )
 from rollout_journal.journal.journal import Cursor, Journal, ReadReport
-from rollout_journal.journal.restore import load_rollouts
-from rollout_journal.journal.snapshots import SnapshotDraft, blob_chunk_key, load_snapshots
+from rollout_journal.journal.restore import RolloutHistory, history_from_first_event, load_rollouts
+from rollout_journal.journal.snapshots import (
+    BUCKET_MARK,
+    SnapshotDraft,
+    blob_chunk_key,
+    bucket_records,
+    load_snapshots,
+)
 
 OpenBackend = Callable[[], Backend]
 
@@ -352,6 +364,118 @@ class JournalConformance:
         assert [e for e in index.errors if "done" in str(e)] == []  # moot: it lies before the fence
         assert [("late" in str(e), "zombie" in str(e)) for e in index.errors] == [(True, True)]
 
+    def test_acknowledged_fences_fold_into_a_bucket_that_restore_reads_instead(self, open_backend: OpenBackend) -> None:
+        # Bucket size 3: the fourth acknowledgement folds the three fences before it, the seventh the
+        # next three; the last one stays a fence record. One rollout still runs.
+        with Journal(open_backend(), acknowledgement_bucket_size=3) as writer:
+            done = _on_one_partition(writer, "done", 7)
+            for rollout in done:
+                _finish(writer, rollout)
+                writer.acknowledge(RolloutAcknowledged(header(rollout, 3), "trainer")).result()
+            writer.append_sync([started("live", 0)], SnapshotDraft(header("live", 0), "running", 0, b"s"))
+            stream = list(writer.backend.read_snapshots())
+            kept = compacted(stream, 1)
+
+            buckets = [key for key in kept if BUCKET_MARK in key]
+            assert len(buckets) == 2
+            assert [key for key in kept if key.endswith("/fence")] == [f"{done[-1]}/fence", "live/fence"]
+
+            reader = Journal(writer.backend)
+            plan = load_rollouts(reader)
+            assert set(plan.rollouts) == {"live"}
+            assert sorted(plan.acknowledged) == sorted(done)
+            assert all(plan.acknowledged[r].acknowledged_epoch == 1 for r in done)
+            assert plan.report.errors == []
+            assert reader.snapshots().fences["done-0"].acknowledged  # what a trainer asks before acknowledging
+            assert reader.apply_acknowledgement(_ack_record(reader, "done-0", stream[-1].location)) is None
+
+    def test_a_writer_folds_the_acknowledged_fences_it_restored(self, open_backend: OpenBackend) -> None:
+        with Journal(open_backend()) as before_buckets:  # a writer that never folds (the default size is 256)
+            a, b, c, d = _on_one_partition(before_buckets, "r", 4)
+            for rollout in (a, b, c):
+                _finish(before_buckets, rollout)
+                before_buckets.acknowledge(RolloutAcknowledged(header(rollout, 3), "trainer")).result()
+            _finish(before_buckets, d)
+        with Journal(open_backend(), acknowledgement_bucket_size=3) as resumed:
+            load_rollouts(resumed)
+            resumed.acknowledge(RolloutAcknowledged(header(d, 3), "trainer")).result()
+
+            kept = compacted(resumed.backend.read_snapshots(), 1)
+            assert [key for key in kept if key.endswith("/fence")] == [f"{d}/fence"]
+            plan = load_rollouts(Journal(resumed.backend))
+            assert sorted(plan.acknowledged) == [a, b, c, d] and plan.rollouts == {}
+
+    def test_overlapping_buckets_and_an_unfolded_fence_agree_and_a_later_zombie_is_named(
+        self, journal: Journal
+    ) -> None:
+        # Two writers that both folded "a" (a take overlapping the old owner's last commit) wrote two
+        # buckets naming it; "b" was folded but its fence tombstone is missing (a read that outlasted
+        # delete.retention.ms). Then a zombie of "a" snapshots: after the buckets, so a zombie's.
+        a, b, c = _on_one_partition(journal, "r", 3)
+        for rollout in (a, b, c):
+            _finish(journal, rollout)
+            journal.acknowledge(RolloutAcknowledged(header(rollout, 3), "trainer")).result()
+        partition = journal.partition_of(a)
+        first = bucket_records(journal.codec, partition, {a: (1, 1), b: (1, 1)})
+        second = bucket_records(journal.codec, partition, {a: (1, 1), c: (1, 1)})
+        journal.backend.commit([first[0], second[0], *second[1:]])  # b's fence stays
+        Journal(journal.backend).append_sync(
+            [turn_done(a, 4, turn=2)], SnapshotDraft(header(a, 4, turn=2), "running", 4, b"zombie")
+        )
+
+        plan = load_rollouts(journal)
+
+        assert sorted(plan.acknowledged) == [a, b, c] and plan.rollouts == {}
+        assert plan.acknowledged[b].history  # its fence record, which holds the attempts, wins
+        assert (plan.acknowledged[c].acknowledged_epoch, plan.acknowledged[c].attempt) == (1, 1)
+        assert not plan.acknowledged[c].history
+        assert [(f"rollout {a} " in str(e), "zombie" in str(e)) for e in plan.report.errors] == [(True, True)]
+
+    def test_the_rollouts_of_a_bucket_that_does_not_decode_are_found_in_the_log_as_acknowledged(
+        self, journal: Journal
+    ) -> None:
+        # What a fold leaves, with its bucket unreadable (a flipped byte, or a newer schema version):
+        # the folded fences tombstoned, nothing naming the rollouts but their events.
+        a, b, c = _on_one_partition(journal, "r", 3)
+        for rollout in (a, b):
+            _finish(journal, rollout)
+            journal.acknowledge(RolloutAcknowledged(header(rollout, 3), "trainer")).result()
+        _finish(journal, c)
+        fold = bucket_records(journal.codec, journal.partition_of(a), {a: (1, 1), b: (1, 1)})
+        journal.backend.commit([OutRecord(Stream.SNAPSHOTS, fold[0].key, b"\xc3\x01junk", a), *fold[1:]])
+
+        plan = load_rollouts(journal)
+
+        assert [BUCKET_MARK in str(e) for e in plan.report.errors] == [True]
+        assert set(plan.rollouts) == {a, b, c}  # a and b from their first event: not run again, but known taken
+        for rollout in (a, b):
+            assert plan.rollouts[rollout].snapshot is None
+            assert isinstance(plan.rollouts[rollout].events[-1].event, RolloutAcknowledged)
+
+    def test_a_rollout_a_bucket_names_reloads_with_every_attempt(self, open_backend: OpenBackend) -> None:
+        # A bucket keeps no attempt history: a reload from the first event must not take the
+        # acknowledged epoch for the only one (it would drop attempt 1's turn as superseded).
+        with Journal(open_backend(), acknowledgement_bucket_size=1) as journal:
+            a, b = _on_one_partition(journal, "r", 2)
+            journal.append_sync([started(a, 0), turn_done(a, 1)])
+            journal.append_sync([started(a, 2, attempt=2, epoch=2, turn=1)])
+            journal.append_sync([RolloutFinished(header(a, 3, epoch=2, attempt=2), 1.0, 2, "{}")])
+            journal.acknowledge(RolloutAcknowledged(header(a, 4, epoch=2, attempt=2), "trainer")).result()
+            _finish(journal, b)
+            journal.acknowledge(RolloutAcknowledged(header(b, 3), "trainer")).result()  # folds a
+            fence = load_rollouts(Journal(journal.backend)).acknowledged[a]
+            assert (fence.acknowledged_epoch, fence.attempt, fence.history) == (2, 2, ())
+
+            history = history_from_first_event(journal, RolloutHistory(a, None, fence=fence))
+
+            assert [(e.event.header.epoch, e.event.header.seq) for e in history.events] == [
+                (1, 0),
+                (1, 1),
+                (2, 2),
+                (2, 3),
+                (2, 4),
+            ]
+
     def test_a_fence_written_before_0_3_as_an_attempt_started_still_reads(self, journal: Journal) -> None:
         journal.append_sync(
             [started("r1", 0), turn_done("r1", 1)], SnapshotDraft(header("r1", 1, turn=1), "running", 1, b"a1")
@@ -479,3 +603,24 @@ class JournalConformance:
         stop.set()
         thread.join()
         assert not torn, f"a reader saw part of a turn: {torn[:1]}"
+
+
+def _finish(journal: Journal, rollout: str) -> None:
+    """``rollout`` starts, runs a turn and finishes (its snapshot final), all durable."""
+    journal.append_sync([started(rollout, 0), turn_done(rollout, 1)])
+    journal.append_sync(
+        [RolloutFinished(header(rollout, 2), 1.0, 1, "{}")], SnapshotDraft(header(rollout, 2), "finished", 2, b"done")
+    )
+
+
+def _on_one_partition(journal: Journal, prefix: str, count: int) -> list[str]:
+    """``count`` rollout ids that share a partition (a bucket folds one partition's fences)."""
+    ids = (f"{prefix}-{i}" for i in range(10_000))
+    first = next(ids)
+    return [first, *[r for r in ids if journal.partition_of(r) == journal.partition_of(first)][: count - 1]]
+
+
+def _ack_record(journal: Journal, rollout: str, location: RecordLocation) -> StoredRecord:
+    """An acknowledgement request for ``rollout`` as an owner reads it from ``<namespace>.acks``."""
+    value = journal.codec.encode(RolloutAcknowledged(header(rollout, 3), "trainer"))
+    return StoredRecord(rollout, value, RecordLocation(location.source, journal.partition_of(rollout), 0))

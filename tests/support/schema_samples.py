@@ -9,6 +9,7 @@ import dataclasses
 import numpy as np
 
 from rollout_journal.journal.events import (
+    AcknowledgedRollouts,
     AttemptFenced,
     AttemptStarted,
     BlobChunk,
@@ -123,6 +124,7 @@ SAMPLES = {
         "demo", '{"groups":2}', ["demo-g0-s0", "demo-g1-s0", "demo-g1r1-s0"], "t" * 16, 7, "w0", True, {"demo-g1": 1}
     ),
     "FenceHistory": FenceHistory("r", [FenceEntry(1, 1, 0, "w0", 5), FenceEntry(2, 2, 6, "w1", 9)], 2),
+    "AcknowledgedRollouts": AcknowledgedRollouts(3, ["r", "s"], [2, 1], [2, 1]),
     "HeadCheckpoint": HeadCheckpoint(
         header("r", 8),
         1,
