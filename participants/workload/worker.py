@@ -203,6 +203,7 @@ class FleetWorker:
         max_parallel_takes: int = 4,
         metrics_port: int | None = None,
         commit_interval_ms: float = 100.0,
+        acknowledgement_bucket_size: int = 256,
     ) -> None:
         """``name`` tells the worker apart (``status``, and the ``writer`` of the events it journals;
         default ``<host>-<pid>``). ``instance_id`` makes it a static member of the group: restarted
@@ -212,7 +213,8 @@ class FleetWorker:
         ``metrics_port``: serve :attr:`metrics` for Prometheus at ``http://<host>:<port>/metrics``
         while it runs (default: counted, not served). ``commit_interval_ms``: the least time between
         two of its commits (each one transaction over every partition it owns), so its transactions
-        per second stay under 1000 / interval however many turns it drives."""
+        per second stay under 1000 / interval however many turns it drives.
+        ``acknowledgement_bucket_size``: the journal's (see :class:`Journal`; 0 never folds)."""
         if not is_kafka_url(location):
             raise ConfigurationError(
                 f"a worker needs a Kafka journal (kafka://host:port/namespace), not {location!r}; "
@@ -230,6 +232,7 @@ class FleetWorker:
         self.fixed = list(workloads) if workloads is not None else None
         self.linger_ms = linger_ms
         self.commit_interval_ms = commit_interval_ms
+        self.acknowledgement_bucket_size = acknowledgement_bucket_size
         self.max_parallel_takes = max_parallel_takes
         self.report = WorkerReport(self.name)
         self.workloads: dict[str, _Workload] = {}
@@ -290,6 +293,7 @@ class FleetWorker:
             linger_ms=self.linger_ms,
             metrics=self.metrics,
             commit_interval_ms=self.commit_interval_ms,
+            acknowledgement_bucket_size=self.acknowledgement_bucket_size,
         )
         backend = journal.backend
         if not isinstance(backend, KafkaBackend):  # __init__ checked the location: a Kafka URL opens one

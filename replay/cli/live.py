@@ -327,6 +327,7 @@ def worker(args: argparse.Namespace) -> int:
         on_event=on_event,
         metrics_port=args.metrics_port,
         commit_interval_ms=args.commit_interval_ms,
+        acknowledgement_bucket_size=args.acknowledgement_bucket_size,
     )
 
     async def until_stopped() -> WorkerReport:

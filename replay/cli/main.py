@@ -259,6 +259,15 @@ def build_parser() -> argparse.ArgumentParser:
         "partition it owns: transactions grow with time, not with turns (Kafka Streams' commit.interval.ms; "
         "0: commit as soon as a turn is waited for). Default: %(default)s",
     )
+    worker.add_argument(
+        "--acknowledgement-bucket-size",
+        type=int,
+        default=256,
+        metavar="N",
+        help="fold the fences of acknowledged rollouts into one snapshot-topic record per N of a partition, so "
+        "a restore does not grow with history (0: never fold, while workers or tools of a version without "
+        "these buckets still read the namespace: they would run a folded rollout again). Default: %(default)s",
+    )
     worker.add_argument("--json", action="store_true", help="print the worker's report as JSON when it stops")
     status = sub.add_parser("status", help="per rollout and per partition: owner, attempt, epoch, turns (reads only)")
     status.add_argument(
