@@ -27,17 +27,24 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["model_server_url", "resources_server_url", "rollout_id"]
+__all__ = ["model_server_url", "resources_server_url", "rollout_id", "rollout_of_capture_id"]
 
-_ATTEMPT = re.compile(r"-a\d+$")
+_REDISPATCH = re.compile(r"-a\d+$")
 
 
 def rollout_id(body: Mapping[str, Any]) -> str:
     """The journal's id of a NeMo Gym run request's rollout (its own retries share it)."""
     explicit = body.get("_ng_rollout_id")
     if isinstance(explicit, str) and explicit:
-        return _ATTEMPT.sub("", explicit)
+        return rollout_of_capture_id(explicit)
     return f"{body.get('_ng_task_index', 0)}-{body.get('_ng_rollout_index', 0)}"
+
+
+def rollout_of_capture_id(capture_id: str) -> str:
+    """The journal's id of the rollout a NeMo Gym capture id names (the ``/ng-rollout/<id>`` prefix
+    its ``ServerClient`` puts on every call): without the ``-a<n>`` of a re-dispatch
+    (``nemo_gym/rollout_correlation.py:73-75``), so a re-dispatch re-drives the journaled rollout."""
+    return _REDISPATCH.sub("", capture_id)
 
 
 def model_server_url(gateway_url: str, rollout: str) -> str:

@@ -54,6 +54,7 @@ from rollout_journal.journal.errors import RolloutJournalError
 from rollout_journal.journal.events import SamplingParams
 from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.whole_numbers import whole_number
+from rollout_journal.participants.adapters.nemo_gym import rollout_of_capture_id
 from rollout_journal.participants.cancelling import cancel_and_wait
 from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.model.generation import TokenChunk
@@ -270,8 +271,10 @@ class Gateway:
             if path.startswith(prefix):
                 rollout, _, rest = path[len(prefix) :].partition("/")
                 rest = "/" + rest
-                if prefix == "/ng-rollout/" and rest.startswith("/training-token-capture/"):
-                    rest = rest[len("/training-token-capture") :]
+                if prefix == "/ng-rollout/":  # NeMo Gym's capture id: a re-dispatch's carries -a<n>
+                    rollout = rollout_of_capture_id(rollout)
+                    if rest.startswith("/training-token-capture/"):
+                        rest = rest[len("/training-token-capture") :]
                 break
         else:
             rollout, rest = request.headers.get("x-rollout-id", ""), path

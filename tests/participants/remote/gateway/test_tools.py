@@ -200,19 +200,27 @@ def test_responses_answers_validate_as_openai_responses(start_gateway, counter) 
 
 
 def test_nemo_gyms_own_rollout_prefix_reaches_both_gateways(start_gateway, counter) -> None:
+    """With observability on, NeMo Gym's ServerClient prefixes every call with its capture id, which
+    carries ``-a<n>`` on a re-dispatch (``nemo_gym/rollout_correlation.py:41-77``). The journal names
+    the rollout without it, as ``adapters.nemo_gym.rollout_id`` does: a re-dispatch re-drives the
+    journaled rollout, never starts a second one beside it."""
     from rollout_journal.participants.adapters.nemo_gym import rollout_id
 
     gateway = start_gateway(tools=[f"counter={counter.url}"], ng_resources="counter")
-    rollout = rollout_id({"_ng_rollout_id": "7-2-a1"})  # NeMo Gym's retry of rollout 7-2 journals as 7-2
-    base = f"{gateway.url}/ng-rollout/{rollout}"
+    assert rollout_id({"_ng_rollout_id": "7-2-a1"}) == "7-2"
     body = {
         "responses_create_params": {"input": "Add 2, then 3.", "tools": COUNTER_TOOLS, "max_output_tokens": 64},
         "initial_count": 0,
         "expected_count": 5,
     }
-    verified = simple_agent_loop(base, base, body)
-    assert verified is not None and verified["reward"] == 1.0
-    assert httpx.get(f"{gateway.url}/r/7-2/status").json()["finished"]
+    first = simple_agent_loop(f"{gateway.url}/ng-rollout/7-2", f"{gateway.url}/ng-rollout/7-2", body)
+    redispatched = f"{gateway.url}/ng-rollout/7-2-a1"  # the capture id of its first re-dispatch
+    again = simple_agent_loop(redispatched, redispatched, body)
+
+    assert first is not None and first["reward"] == 1.0 and again == first  # re-driven: answered from the journal
+    status = httpx.get(f"{gateway.url}/r/7-2/status").json()
+    assert status["finished"] and status["committed_turns"] == 3
+    assert httpx.get(f"{gateway.url}/r/7-2-a1/status").status_code == 404
 
 
 class OneRolloutsToolCalls:
