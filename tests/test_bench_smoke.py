@@ -425,12 +425,16 @@ def test_commit_interval_counts_the_worker_s_transactions_both_ways(kafka_bootst
 @pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.timeout(600)
-def test_restore_history_measures_after_the_cleaner_what_history_leaves(kafka_bootstrap: str) -> None:
-    """After the broker's cleaner ran, each rollout leaves three records on the snapshot topic: a
-    live one its two slots and its fence, an acknowledged one its fence and two slot tombstones
-    (its snapshot values gone). A cleaner that never ran, or acknowledgement leaving values behind,
-    fails here."""
-    live = 4
+def test_restore_history_measures_what_history_leaves_after_the_cleaner_and_the_retention(
+    kafka_bootstrap: str,
+) -> None:
+    """After the broker's cleaner ran, each live rollout leaves three records on the snapshot topic
+    (its two slots and its fence); each acknowledged one two slot tombstones and either its fence or
+    a fence tombstone and a place in a bucket. Once the tombstones' retention passed, history
+    leaves only buckets and the fences not folded yet (fewer than a bucket's size and an
+    acknowledgement wave). A cleaner that never ran, acknowledgement leaving values behind, or a
+    writer that never folds, fails here; so does a restore that misses an acknowledged rollout."""
+    live, bucket, wave = 4, 8, 4
     report = bench_report(
         "restore_history.py",
         "--bootstrap",
@@ -443,11 +447,22 @@ def test_restore_history_measures_after_the_cleaner_what_history_leaves(kafka_bo
         "1",
         "--segment-ms",
         "1000",
+        "--delete-retention-ms",
+        "1000",
+        "--bucket-size",
+        str(bucket),
+        "--ack-wave",
+        str(wave),
         "--wait-s",
         "240",
-        timeout_s=500,
+        timeout_s=540,
     )
-    assert report["after_cleaner"]["snapshot_records"] == {"1x": 3 * live + 3 * live, "10x": 3 * live + 30 * live}
     before = report["before_cleaner"]["snapshot_records"]
     assert before["1x"] > 6 * live and before["10x"] > 33 * live
+    retained = report["after_retention"]
+    assert retained["tombstones"] == {"1x": 0, "10x": 0}
+    assert retained["buckets"]["1x"] == 0 and retained["fences"]["1x"] == live + live  # 4 acknowledged: no fold
+    loose = retained["fences"]["10x"] - live
+    assert retained["buckets"]["10x"] >= 1 and loose < bucket + wave
+    assert retained["snapshot_records"]["10x"] == 3 * live + retained["buckets"]["10x"] + loose
     assert report["restore_ratio_10x_history_kafka"] > 0
