@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from rollout_journal.journal.backend import OutRecord, Stream, partition_for
+from rollout_journal.journal.backend import OutRecord, Stream, compacted, partition_for
 from rollout_journal.journal.codec import Codec
 from rollout_journal.journal.events import Header, TokenSegment, TrainingRecord
 from rollout_journal.journal.file.backend import FileBackend
@@ -24,6 +24,7 @@ from rollout_journal.journal.journal import ReadReport
 from rollout_journal.journal.open import open_backend, open_journal
 from rollout_journal.journal.restore import load_rollouts
 from rollout_journal.journal.results import ResultsDecoder
+from rollout_journal.journal.snapshots import BUCKET_MARK
 from rollout_journal.participants.rollout import RolloutState
 from rollout_journal.participants.trainer import FeedPosition, TrainerFeed
 from rollout_journal.participants.workload.config import FailurePolicy, WorkloadConfig
@@ -362,6 +363,34 @@ def test_every_finished_rollout_reaches_the_trainer_once_across_trainer_and_work
     with open_journal(journal_location, read_only=True) as journal:
         plan = load_rollouts(journal)
     assert set(plan.acknowledged) == set(expected) and not plan.rollouts  # every result acknowledged
+
+
+def test_rollouts_a_bucket_names_are_never_offered_again_and_list_as_acknowledged(tmp_path: Path) -> None:
+    """The trainer's journal folds acknowledged fences two at a time (its bucket size here): the
+    rollouts then have neither fence nor snapshot, only a bucket naming them. A resume offers none
+    of them again, and every reader (restore, status, list) counts them acknowledged."""
+    config = workload(str(tmp_path / "journal"))
+    run_workload(config, resume=False)
+    acknowledger = open_journal(config.journal, writer="trainer", acknowledgement_bucket_size=2)
+    try:
+        with TrainerFeed(open_backend(config.journal, read_only=True), acknowledger=acknowledger) as feed:
+            groups = list(feed.groups(limit=3, idle_timeout_s=120))
+            for group in groups:  # a step at a time, as a trainer acknowledges
+                for future in feed.acknowledge(group):
+                    future.result()
+    finally:
+        acknowledger.close()
+    with open_journal(config.journal, read_only=True) as journal:
+        kept = compacted(journal.backend.read_snapshots(), 1)
+        plan = load_rollouts(journal)
+    rollouts = {rid for g in groups for rid in g.rollout_ids}
+    assert len(rollouts) == 6 and sum(BUCKET_MARK in key for key in kept) == 2  # 4 folded, 2 fences loose
+    assert set(plan.acknowledged) == rollouts and not plan.rollouts
+    rerun = run_workload(config, resume=True)
+    assert set(rerun.rollouts) == rollouts and all(r.acknowledged for r in rerun.rollouts.values())
+    with open_replay(config.journal) as source:
+        statuses = {r.rollout_id: r.status for r in list_rollouts(source).rows}
+    assert statuses == dict.fromkeys(rollouts, "acknowledged")
 
 
 def run_writing_snapshots_without_lineage(
