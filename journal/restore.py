@@ -74,8 +74,9 @@ def load_rollouts(
     # Rollouts only a bucket names are acknowledged, handled in bulk: a long history has thousands.
     acknowledged = Fences()
     acknowledged.folded = folded = index.fences.only_folded()
-    if only is not None:
-        acknowledged.folded = folded = {rollout_id: entry for rollout_id, entry in folded.items() if rollout_id in only}
+    if only is not None:  # a set operation, not a Python step per past rollout
+        wanted = folded.keys() & (only if isinstance(only, (set, frozenset)) else set(only))
+        acknowledged.folded = folded = {rollout_id: folded[rollout_id] for rollout_id in wanted}
     journal.note_folded(folded)
     for rollout_id in index.snapshots.keys() | index.fences.records.keys():
         if only is not None and rollout_id not in only:

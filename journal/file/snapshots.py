@@ -120,6 +120,23 @@ class SnapshotGenerations:
         self.compacted_size = 0
         lost.unlink(missing_ok=True)
 
+    def _record_dropped(self, generation: int, dropped: list[StoredRecord]) -> None:
+        """Compaction drops records it cannot read; one may have been the only thing naming a
+        rollout (its fence, or the bucket that names it acknowledged). Record the loss for good,
+        as a lost generation is (``<gen>.lost``), before the compacted generation is committed: every
+        later restore then looks in the event log for the rollouts the stream lacks."""
+        note = (
+            f"compaction of snapshot generation {generation} dropped {len(dropped)} unreadable record(s) "
+            f"(first at {dropped[0].location}: {dropped[0].error}); restore replays every rollout the snapshot "
+            "stream lacks from the event log"
+        )
+        record = self._lost_path(generation)
+        with open(record, "w") as f:
+            f.write(note + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        fsync_dir(self.dir)
+
     # -- writing -------------------------------------------------------------
     def append(self, frames: bytes) -> None:
         """Append snapshot frames, durably; the log's next COMMIT frame makes them visible."""
@@ -149,6 +166,8 @@ class SnapshotGenerations:
                     record.location,
                     record.error,
                 )
+            if skipped:  # what they held (a fence, a bucket of acknowledged rollouts) is gone with them
+                self._record_dropped(self._log.last_mark.snap_generation, skipped)
             kept = sorted((r for records in latest.values() for r in records), key=lambda r: r.location.offset)
             with open(tmp, "wb") as f:
                 for record in kept:

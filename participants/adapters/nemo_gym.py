@@ -43,7 +43,10 @@ def rollout_id(body: Mapping[str, Any]) -> str:
 def rollout_of_capture_id(capture_id: str) -> str:
     """The journal's id of the rollout a NeMo Gym capture id names (the ``/ng-rollout/<id>`` prefix
     its ``ServerClient`` puts on every call): without the ``-a<n>`` of a re-dispatch
-    (``nemo_gym/rollout_correlation.py:73-75``), so a re-dispatch re-drives the journaled rollout."""
+    (``nemo_gym/rollout_correlation.py:73-75``), so a re-dispatch re-drives the journaled rollout.
+    NeMo Gym's capture ids cannot tell an explicit ``_ng_rollout_id`` that itself ends in ``-a<n>``
+    from a re-dispatch of the id before it, so such an id is journaled as that one: give explicit
+    ids another ending."""
     return _REDISPATCH.sub("", capture_id)
 
 

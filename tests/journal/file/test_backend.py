@@ -17,10 +17,11 @@ import pytest
 
 from rollout_journal.journal.backend import OutRecord, Stream
 from rollout_journal.journal.errors import ConfigurationError, CorruptRecordError, WriterLockedError
+from rollout_journal.journal.events import RolloutAcknowledged, RolloutFinished
 from rollout_journal.journal.file.backend import FileBackend
 from rollout_journal.journal.journal import Cursor, Journal, ReadReport
 from rollout_journal.journal.restore import load_rollouts
-from rollout_journal.journal.snapshots import SnapshotDraft
+from rollout_journal.journal.snapshots import BUCKET_MARK, SnapshotDraft
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.run import run_workload
 from rollout_journal.participants.workload.runner import workload_specs
@@ -582,3 +583,29 @@ def test_an_unreadable_record_before_a_rollouts_first_event_leaves_its_first_off
         history = load_rollouts(j, ReadReport()).rollouts["a"]
     assert history.snapshot is not None and history.events == []
     assert history.first_offset == -1
+
+
+def test_a_bucket_compaction_drops_as_unreadable_leaves_its_rollouts_to_the_event_log(tmp_path: Path) -> None:
+    """A flipped byte in the bucket that names two acknowledged rollouts (their fences folded away):
+    compaction cannot copy the frame and drops it. The loss is recorded for good, so every later
+    restore still finds both rollouts in the event log, ending in their acknowledgement (never run
+    again), instead of losing them from the journal without a word."""
+    root = tmp_path / "j"
+    with Journal(FileBackend(root), acknowledgement_bucket_size=2) as j:
+        for r in ("a", "b", "c"):
+            j.append_sync([started(r, 0), turn_done(r, 1)])
+            j.append_sync(
+                [RolloutFinished(header(r, 2), 1.0, 1, "{}")], SnapshotDraft(header(r, 2), "finished", 2, b"done")
+            )
+            j.acknowledge(RolloutAcknowledged(header(r, 3), "trainer")).result()  # c's folds a and b
+        [bucket] = [s for s in j.backend.read_snapshots() if BUCKET_MARK in s.key]
+        _flip(Path(bucket.location.source), bucket.location.offset + 40)
+        j.backend.compact_snapshots()
+        assert not [s for s in j.backend.read_snapshots() if BUCKET_MARK in s.key]  # gone with the compaction
+
+    with Journal(FileBackend(root)) as reopened:
+        plan = load_rollouts(reopened)
+        assert [type(d).__name__ for d in reopened.backend.damage()] == ["SnapshotsLostError"]
+    assert set(plan.acknowledged) == {"c"} and set(plan.rollouts) == {"a", "b"}
+    for r in ("a", "b"):  # from their first event to their acknowledgement
+        assert isinstance(plan.rollouts[r].events[-1].event, RolloutAcknowledged)
