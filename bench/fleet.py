@@ -78,6 +78,7 @@ from tests.support.fleet_support import (  # noqa: E402
     start_worker,
     submit,
     wait_for,
+    wait_for_every_rollout,
     workload_done,
     workload_yaml,
 )
@@ -223,7 +224,7 @@ def failover(bootstrap: str, work: Path, quick: bool, cluster: Any = None, broke
         if cluster is not None and broker_kills:
             kills = kill_brokers(cluster, survivors, config, broker_kills)
         exited = [w.name for w in survivors if w.process.poll() is not None]
-        wait_for(lambda: every_turn_reported(workers, config), 600, "every rollout to finish", survivors)
+        wait_for_every_rollout(workers, config, 600, survivors)
         stop_all(survivors)
     finally:
         for worker in workers:

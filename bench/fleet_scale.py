@@ -91,11 +91,11 @@ from rollout_journal.participants.workload.specs import workload_specs  # noqa: 
 from tests.support.fleet_support import (  # noqa: E402
     WorkerProcess,
     child_environment,
-    every_turn_reported,
     reported_turns,
     start_followed,
     submit,
     wait_for,
+    wait_for_every_rollout,
     workload_yaml,
 )
 from tests.support.paths import REPO_ROOT  # noqa: E402
@@ -122,7 +122,12 @@ def host_main(args: argparse.Namespace) -> None:
         print(f"{PROGRESS_LINE} {rollout_id} {turn}", flush=True)
 
     def on_event_of(name: str) -> Callable[[str], None]:
-        return lambda line: print(f"{name} {line}", file=sys.stderr, flush=True)  # to look at: <prefix>.err
+        def on_event(line: str) -> None:
+            print(f"{name} {line}", file=sys.stderr, flush=True)  # to look at: <prefix>.err
+            if line.startswith("result-published "):  # followed, as a worker's --progress-lines print it
+                print(line, flush=True)
+
+        return on_event
 
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: every thread's stack
     names = [f"{args.prefix}-m{i}" for i in range(args.members_here)]
@@ -297,7 +302,7 @@ def drive(
         kills = {"broker_kills": 0, "broker_kills_survived": 0}
         if cluster is not None and args.broker_kills:
             kills = kill_brokers(cluster, hosts, config, args.broker_kills)
-        wait_for(lambda: every_turn_reported(hosts, config), 1800, "every rollout to finish", hosts)
+        wait_for_every_rollout(hosts, config, 1800, hosts)
         times = [t for h in hosts for t, _, _ in h.committed()]
         busy_s = max(times) - min(times)
         log(f"fleet scale: every rollout finished, {busy_s:.1f} s from the first durable turn to the last; idling")

@@ -410,6 +410,10 @@ class FleetWorker:
             partition = self._journal.partition_of(rollout_id)
             if partition in self.owned:  # else let go meanwhile: its next owner counts it
                 self.awaiting_trainer.add(rollout_id, partition)
+            # Said whether this member drove its last turn or a take found it finished: a final turn
+            # whose commit's outcome its writer could not learn (a broker lost mid-commit) was never
+            # reported durable, and only the partition's next take learns that it landed.
+            self.on_event(f"result-published {rollout_id}")
 
         return Runner(
             config,

@@ -104,6 +104,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "rollouts-dropped": ("rollouts",),
     "takeover-seconds": ("partitions", "read_seconds", "restore_seconds"),
     "restore-held-back": ("topic", "partition"),
+    "result-published": ("rollout",),  # its training record is durable on <namespace>.results
     "acknowledged": ("rollout",),  # an acknowledgement from <namespace>.acks applied by this owner
     "metrics-serving": ("port",),  # --metrics-port: Prometheus scrapes http://<host>:<port>/metrics
 }

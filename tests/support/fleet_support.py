@@ -145,9 +145,14 @@ def submit(url: str, config_path: Path) -> None:
 
 
 def wait_for(
-    condition: Callable[[], bool], timeout_s: float, what: str, workers: Sequence[WorkerProcess] = ()
+    condition: Callable[[], bool],
+    timeout_s: float,
+    what: str,
+    workers: Sequence[WorkerProcess] = (),
+    detail: Callable[[], str] | None = None,
 ) -> float:
-    """Poll ``condition``; its time once true. Fails naming ``what`` (and any worker that died)."""
+    """Poll ``condition``; its time once true. Fails naming ``what`` (and any worker that died, and
+    ``detail()``: what is still missing)."""
     deadline = time.monotonic() + timeout_s
     while True:
         if condition():
@@ -155,9 +160,25 @@ def wait_for(
         dead = [w.name for w in workers if w.process.poll() is not None]
         if time.monotonic() > deadline or dead:
             raise AssertionError(
-                f"timed out after {timeout_s} s waiting for {what}" + (f"; workers exited: {dead}" if dead else "")
+                f"timed out after {timeout_s} s waiting for {what}"
+                + (f"; workers exited: {dead}" if dead else "")
+                + (f"; {detail()}" if detail is not None else "")
             )
         time.sleep(0.1)
+
+
+def wait_for_every_rollout(
+    workers: Sequence[WorkerProcess], config: WorkloadConfig, timeout_s: float, watched: Sequence[WorkerProcess]
+) -> float:
+    """:func:`wait_for` every rollout reported finished by one of ``workers``; a timeout names the
+    rollouts still missing (``watched``: the workers whose exit fails the wait at once)."""
+    return wait_for(
+        lambda: every_turn_reported(list(workers), config),
+        timeout_s,
+        "every rollout to finish",
+        watched,
+        detail=lambda: f"not reported finished: {', '.join(not_reported_finished(list(workers), config)[:20])}",
+    )
 
 
 def workload_done(url: str) -> bool:
@@ -168,11 +189,20 @@ def workload_done(url: str) -> bool:
 
 
 def every_turn_reported(workers: list[WorkerProcess], config: WorkloadConfig) -> bool:
-    """Cheap to poll: some worker reported each rollout's last turn durable (the workload runs every
-    rollout to ``max_turns``: ``allow_early_submit: false``)."""
+    """Cheap to poll: each rollout is reported finished (see :func:`not_reported_finished`)."""
+    return not not_reported_finished(workers, config)
+
+
+def not_reported_finished(workers: list[WorkerProcess], config: WorkloadConfig) -> list[str]:
+    """The rollouts no worker reported finished: neither its last turn durable (the workload runs
+    every rollout to ``max_turns``: ``allow_early_submit: false``) nor its result published. The
+    second counts because a final turn whose commit's outcome the writer could not learn (a broker
+    lost mid-commit) is never reported durable: the partition's next take finds it finished and
+    publishes its result (``result-published``), with no turn left to run."""
     last = config.max_turns - 1
     done = {rollout for w in workers for _, rollout, turn in w.committed() if turn == last}
-    return done >= {s.rollout_id for s in workload_specs(config)}
+    done |= {line.split()[1] for w in workers for _, line in w.seen("result-published ")}
+    return sorted({s.rollout_id for s in workload_specs(config)} - done)
 
 
 @dataclass

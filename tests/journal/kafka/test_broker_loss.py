@@ -24,6 +24,7 @@ from tests.support.fleet_support import (
     start_worker,
     submit,
     wait_for,
+    wait_for_every_rollout,
     workload_yaml,
 )
 from tests.support.recovery_support import reference_outcomes
@@ -84,7 +85,7 @@ def test_workers_survive_every_broker_killed_and_restarted_in_turn(kafka_cluster
                 f"commits after broker {node} restarted",
                 workers,
             )
-        wait_for(lambda: every_turn_reported(workers, config), 600, "every rollout to finish", workers)
+        wait_for_every_rollout(workers, config, 600, workers)
         exited = [w.name for w in workers if w.process.poll() is not None]
         assert not exited, f"workers exited during the broker kills: {exited}"
         for worker in workers:

@@ -29,11 +29,12 @@ from tests.support.failures import run_killing
 from tests.support.fleet_support import (
     JournalAudit,
     audit_journal,
-    every_turn_reported,
+    not_reported_finished,
     reported_turns,
     start_worker,
     submit,
     wait_for,
+    wait_for_every_rollout,
     workload_done,
     workload_yaml,
 )
@@ -113,7 +114,7 @@ def test_a_sigkilled_worker_s_rollouts_move_and_finish_as_if_uninterrupted(
             "the survivors to take the killed worker's partitions",
             survivors,
         )
-        wait_for(lambda: every_turn_reported(workers, config), 300, "every rollout to finish", survivors)
+        wait_for_every_rollout(workers, config, 300, survivors)
         assert workload_done(url)  # and `status` says so
         for worker in survivors:
             assert worker.stop() == 0, worker.stderr()
@@ -165,7 +166,7 @@ def test_a_zombie_worker_writes_nothing_after_its_partitions_moved(
             "the zombie to find its partitions lost",
             workers,
         )
-        wait_for(lambda: every_turn_reported(workers, config), 300, "every rollout to finish", workers)
+        wait_for_every_rollout(workers, config, 300, workers)
         for worker in workers:
             assert worker.stop() == 0, worker.stderr()
     finally:
@@ -204,7 +205,7 @@ def test_scaling_out_and_in_moves_partitions_at_turn_boundaries(
         assert first.seen("partitions-revoked"), "the first worker handed nothing on"
         assert first.stop() == 0, first.stderr()  # scale in: it hands everything on and leaves
         wait_for(lambda: len(second.partitions()) == 6, 60, "the second worker to own every partition", [second])
-        wait_for(lambda: every_turn_reported(workers, config), 300, "every rollout to finish", [second])
+        wait_for_every_rollout(workers, config, 300, [second])
         assert workload_done(url)
         assert second.stop() == 0, second.stderr()
     finally:
@@ -258,6 +259,9 @@ def test_a_worker_that_takes_a_given_up_rollout_never_runs_it_again(
         assert worker.stop() == 0, worker.stderr()[-2000:]
     report = worker.report()
     assert report["turns_run"] == 0 and report["finished_here"] == 0 and list(report["given_up"]) == [victim]
+    # It ran no turn, yet says every rollout's result is published: a fleet's wait for its rollouts
+    # sees those a take found finished (a final turn whose commit's outcome its writer never learned).
+    assert not_reported_finished([worker], config) == []
     assert report["given_up"][victim].startswith("SandboxCrashedError")
     assert victims_events() == before  # no attempt of it started: nothing written
     assert workload_done(url)  # given up counts as done
