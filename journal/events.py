@@ -316,6 +316,7 @@ class Snapshot:
     state_sha256: str
     blob: BlobRef | None = None
     summary: bytes | None = None  # the rollout's RolloutSummary through covers_seq, encoded (None: not known)
+    blocks: list[str] | None = None  # digests of the blocks the state begins with (None: it has none)
 
 
 @dataclass(frozen=True)

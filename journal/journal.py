@@ -46,7 +46,9 @@ from rollout_journal.journal.group_commit import AppendReceipt, GroupCommitter
 from rollout_journal.journal.metrics import NO_METRICS, JournalMetrics
 from rollout_journal.journal.projection import Projection
 from rollout_journal.journal.snapshots import (
+    BLOCK_BYTES,
     LEGACY_WORKLOAD_PREFIX,
+    MIN_BLOCK_BYTES,
     WORKLOAD_SUFFIX,
     Fence,
     SnapshotDraft,
@@ -152,6 +154,7 @@ class Journal:
         metrics: JournalMetrics | None = None,
         commit_interval_ms: float = 0.0,
         acknowledgement_bucket_size: int = 256,
+        snapshot_block_bytes: int = BLOCK_BYTES,
     ) -> None:
         """``max_record_bytes``: an event encoding to more is journaled as ``EventChunk`` pieces
         (lowered to what the backend takes, e.g. a Kafka topic's ``max.message.bytes``), and so is a
@@ -163,11 +166,20 @@ class Journal:
         ``acknowledgement_bucket_size``: once this writer knows that many acknowledged fences of a
         partition, its next acknowledgement there folds them into one bucket (see
         ``journal.snapshots``), so a restore reads a few buckets, not a fence per rollout ever run;
-        0 never folds (a version before buckets reads the journal as it always did)."""
+        0 never folds (a version before buckets reads the journal as it always did).
+        ``snapshot_block_bytes``: a snapshot's growing sections (a head of tokens, a conversation)
+        are written in blocks of this size, each once (see ``journal.snapshots``), so a rollout's
+        snapshot bytes grow with its turns, not their square; 0 never writes blocks (a version
+        before blocks restores every snapshot)."""
         if acknowledgement_bucket_size < 0:
             raise ConfigurationError(
                 f"acknowledgement_bucket_size must be 0 (never fold) or more, not {acknowledgement_bucket_size}"
             )
+        if snapshot_block_bytes < 0 or 0 < snapshot_block_bytes < MIN_BLOCK_BYTES:
+            raise ConfigurationError(
+                f"snapshot_block_bytes must be 0 (no blocks) or at least {MIN_BLOCK_BYTES}, not {snapshot_block_bytes}"
+            )
+        self.snapshot_block_bytes = snapshot_block_bytes
         self.backend = backend
         self.metrics = metrics or NO_METRICS
         backend.observe(self.metrics)
@@ -275,9 +287,17 @@ class Journal:
         partition = self.partition_of(draft.header.rollout_id)
         if partition not in self._committed_end:  # asked here, not in the committer: it may fail or block
             self._committed_end.setdefault(partition, self.backend.end_offset(partition))
-        return self._summarized(
-            events, self._committer.submit(lambda: encoded + self._snapshot_records(draft), check=owned)
-        )
+        future = self._committer.submit(lambda: encoded + self._snapshot_records(draft), check=owned)
+        Future.add_done_callback(future, lambda done: self._snapshot_settled(draft.header.rollout_id, done))
+        return self._summarized(events, future)
+
+    def _snapshot_settled(self, rollout_id: str, done: Future[AppendReceipt]) -> None:
+        """A snapshot whose commit failed leaves what this writer knows of the rollout's slots ahead
+        of the stream (its blocks taken as written): forget it, so the next snapshot writes every
+        block it names, into slot 0 (safe whichever slot holds the newest valid one: the commit that
+        overwrites it writes the newer one). What the older values named stays until the topic goes."""
+        if not done.cancelled() and done.exception() is not None:
+            self._slots.pop(rollout_id, None)
 
     def _summary_records(self, events: Sequence[RolloutEvent]) -> list[OutRecord]:
         """(Under the fence lock.) Each rollout's summary after ``events``, with tombstones of the
@@ -639,6 +659,7 @@ class Journal:
             self._committed_end[partition],
             self.inline_snapshot_limit,
             self._slots.get(rollout_id, SnapshotSlots()),
+            self.snapshot_block_bytes,
         )
         return records
 

@@ -40,6 +40,7 @@ class JournalOptions(TypedDict, total=False):
     metrics: JournalMetrics | None
     commit_interval_ms: float
     acknowledgement_bucket_size: int
+    snapshot_block_bytes: int
 
 
 def is_kafka_url(location: str) -> bool:

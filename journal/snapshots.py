@@ -13,6 +13,14 @@ not hold the newest valid one, so after compaction the newest and the one
 before it remain, each with its blob chunks (a blob is tombstoned only once no
 slot refers to it). Acknowledgement tombstones both slots.
 
+A state that begins with sections whose bytes only grow (a rollout's head of token ids and
+logprobs, its conversation: ``SnapshotDraft.stable``) is written in blocks: each section cut into
+``block_bytes`` pieces from its own start, each piece a ``BlobChunk`` under the content-addressed
+key ``<rollout>/block/<sha256>``, named by the snapshot in order (``Snapshot.blocks``). A block
+either slot names already is not written again, so a rollout's snapshots write the blocks its
+turns added, not its whole head each time: the bytes a rollout puts on the stream grow with its
+turns, not with their square. A block is tombstoned once neither slot names it, as a blob is.
+
 The stream also holds each rollout's fence: ``<rollout>/fence`` is its
 ``FenceHistory``, every attempt it ever started with the seq it resumed from,
 rewritten in the same commit as each ``AttemptStarted`` (journals before 0.3 kept
@@ -54,12 +62,18 @@ from rollout_journal.schemas import released_versions
 
 RUNNING = "running"  # a snapshot status: events may follow it; any other status is final
 BLOB_MARK = "/blob/"
+BLOCK_MARK = "/block/"
+# A block's size: a 32k-token turn adds 16 to a head of ids and logprobs. Each snapshot also rewrites
+# the last, partial block of each growing section: larger blocks write more that way (64 KiB: 1.7x the
+# bytes of 16 KiB over 32 turns of 2,560 tokens, bench/snapshot_blocks.py), smaller ones more keys.
+BLOCK_BYTES = 16 * 1024
+MIN_BLOCK_BYTES = 256  # smaller blocks cost more in keys and framing than they save
 FENCE_SUFFIX = "/fence"
 BUCKET_MARK = "/acknowledged/"
 WORKLOAD_SUFFIX = "/workload"
 LEGACY_WORKLOAD_PREFIX = "workload:"  # 0.1.0 kept a workload's registration as a pseudo-rollout snapshot
 SLOT_ONE_SUFFIX = "/snapshot/1"
-_SNAPSHOT_V1 = released_versions()["Snapshot"][0]
+_SNAPSHOT_V1, _SNAPSHOT_V2 = released_versions()["Snapshot"][:2]
 SLOTS = 2
 
 
@@ -92,6 +106,10 @@ def blob_chunk_key(rollout_id: str, sha256: str, index: int) -> str:
     return f"{rollout_id}{BLOB_MARK}{sha256}/{index}"
 
 
+def block_key(rollout_id: str, sha256: str) -> str:
+    return f"{rollout_id}{BLOCK_MARK}{sha256}"
+
+
 def bucket_key(rollout_ids: Iterable[str]) -> str:
     """A bucket's own key: its first rollout and a digest of every id it names, so two writers
     folding different sets never overwrite each other's bucket."""
@@ -109,6 +127,9 @@ class SnapshotDraft:
     covers_seq: int
     state: bytes
     summary: bytes | None = None  # the rollout's RolloutSummary through covers_seq (the journal adds it)
+    # The lengths of the sections ``state`` begins with whose bytes only grow from one snapshot to the
+    # next (a head of tokens, a conversation): each is written in blocks, once (see the module's doc).
+    stable: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -205,6 +226,7 @@ class SnapshotSlots:
 
     keep: int | None = None
     blobs: tuple[BlobRef | None, ...] = (None,) * SLOTS
+    blocks: tuple[frozenset[str], ...] = (frozenset(),) * SLOTS  # the block digests each slot's snapshot names
 
     @property
     def next_slot(self) -> int:
@@ -233,31 +255,47 @@ def snapshot_records(
     replay_offset: int,
     inline_limit: int,
     slots: SnapshotSlots,
+    block_bytes: int = BLOCK_BYTES,
 ) -> tuple[list[OutRecord], SnapshotSlots]:
-    """The records that write ``draft`` into the slot ``slots`` does not keep: blob chunks (if
-    large and not stored already), tombstones for the overwritten slot's blob, then the snapshot."""
+    """The records that write ``draft`` into the slot ``slots`` does not keep: its new blocks, blob
+    chunks (if what follows the blocks is large and not stored already), tombstones for what only
+    the overwritten slot named, then the snapshot."""
     rollout_id = draft.header.rollout_id
     slot = slots.next_slot
     digest = hashlib.sha256(draft.state).hexdigest()
-    stored_blobs = {blob.sha256 for blob in slots.blobs if blob is not None}
+    pieces, rest = (
+        _blocks(draft.state, draft.stable, min(block_bytes, inline_limit)) if block_bytes else ([], draft.state)
+    )
+    named = [hashlib.sha256(piece).hexdigest() for piece in pieces]
+    stored_blocks = frozenset().union(*slots.blocks)
     records: list[OutRecord] = []
+    for sha, piece in dict(zip(named, pieces)).items():
+        if sha not in stored_blocks:
+            value = codec.encode(BlobChunk(sha, 0, 1, piece))
+            records.append(OutRecord(Stream.SNAPSHOTS, block_key(rollout_id, sha), value, rollout_id))
+    stored_blobs = {blob.sha256 for blob in slots.blobs if blob is not None}
     blob: BlobRef | None = None
-    inline = draft.state
+    inline = rest
     # The summary shares the snapshot's record with an inline state: both must fit a record.
-    if len(draft.state) + len(draft.summary or b"") > inline_limit:
-        count = -(-len(draft.state) // inline_limit)
-        blob = BlobRef(digest, len(draft.state), count)
+    if len(rest) + len(draft.summary or b"") > inline_limit:
+        rest_digest = hashlib.sha256(rest).hexdigest() if pieces else digest
+        count = -(-len(rest) // inline_limit)
+        blob = BlobRef(rest_digest, len(rest), count)
         inline = b""
-        if digest not in stored_blobs:
+        if rest_digest not in stored_blobs:
             for i in range(count):
-                chunk = BlobChunk(digest, i, count, draft.state[i * inline_limit : (i + 1) * inline_limit])
-                records.append(
-                    OutRecord(Stream.SNAPSHOTS, blob_chunk_key(rollout_id, digest, i), codec.encode(chunk), rollout_id)
-                )
-    blobs = list(slots.blobs)
+                chunk = BlobChunk(rest_digest, i, count, rest[i * inline_limit : (i + 1) * inline_limit])
+                key = blob_chunk_key(rollout_id, rest_digest, i)
+                records.append(OutRecord(Stream.SNAPSHOTS, key, codec.encode(chunk), rollout_id))
+    blobs, blocks = list(slots.blobs), list(slots.blocks)
     overwritten, blobs[slot] = blobs[slot], blob
     if overwritten is not None and overwritten.sha256 not in {b.sha256 for b in blobs if b is not None}:
         records.extend(blob_tombstones(rollout_id, overwritten))
+    dropped, blocks[slot] = blocks[slot], frozenset(named)
+    records.extend(
+        OutRecord(Stream.SNAPSHOTS, block_key(rollout_id, sha), None, rollout_id)
+        for sha in sorted(dropped - frozenset().union(*blocks))
+    )
     snapshot = Snapshot(
         draft.header,
         draft.status,
@@ -268,12 +306,34 @@ def snapshot_records(
         digest,
         blob,
         draft.summary,
+        named or None,
     )
-    # Without a summary (a file journal's, always) in the first version's form: a version before
-    # summaries, rolled back to, still restores from it.
-    value = codec.encode(snapshot) if snapshot.summary is not None else codec.encode_with(snapshot, _SNAPSHOT_V1)
+    # The oldest version that holds what the snapshot has: a version before summaries (a file
+    # journal's snapshots have none) or before blocks, rolled back to, still restores from it.
+    if named:
+        value = codec.encode(snapshot)
+    else:
+        value = codec.encode_with(snapshot, _SNAPSHOT_V2 if snapshot.summary is not None else _SNAPSHOT_V1)
     records.append(OutRecord(Stream.SNAPSHOTS, snapshot_key(rollout_id, slot), value, rollout_id))
-    return records, SnapshotSlots(slot, tuple(blobs))
+    return records, SnapshotSlots(slot, tuple(blobs), tuple(blocks))
+
+
+def _blocks(state: bytes, stable: tuple[int, ...], block_bytes: int) -> tuple[list[bytes], bytes]:
+    """``state``'s stable sections cut into blocks (each from its own start; a section's last, shorter
+    piece is a block too, since the next section's follow it), and the bytes after them. None at
+    all while no section fills one block: a small state stays one record, as before blocks."""
+    if sum(stable) > len(state) or any(length < 0 for length in stable):
+        raise ValueError(f"stable sections {stable} do not fit a state of {len(state)} bytes")
+    if not any(length >= block_bytes for length in stable):
+        return [], state
+    pieces: list[bytes] = []
+    start = 0
+    for length in stable:
+        pieces.extend(
+            state[at : min(at + block_bytes, start + length)] for at in range(start, start + length, block_bytes)
+        )
+        start += length
+    return pieces, state[start:]
 
 
 def tombstone_records(rollout_id: str, slots: SnapshotSlots | None, *, keep_fence: bool = False) -> list[OutRecord]:
@@ -281,6 +341,8 @@ def tombstone_records(rollout_id: str, slots: SnapshotSlots | None, *, keep_fenc
     knows of (a blob it never learned of stays until the topic is deleted) and, unless
     ``keep_fence`` (an acknowledgement rewrites it instead), the fence."""
     keys = [snapshot_key(rollout_id, slot) for slot in range(SLOTS)] + ([] if keep_fence else [fence_key(rollout_id)])
+    if slots is not None:
+        keys = [block_key(rollout_id, sha) for sha in sorted(frozenset().union(*slots.blocks))] + keys
     records = [OutRecord(Stream.SNAPSHOTS, key, None, rollout_id) for key in keys]
     blobs = {} if slots is None else {blob.sha256: blob for blob in slots.blobs if blob is not None}
     return [record for blob in blobs.values() for record in blob_tombstones(rollout_id, blob)] + records
@@ -319,7 +381,7 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             index.unaccounted.add(record.location.partition)
 
     latest = compacted(stored, keep, unreadable)
-    chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key}
+    chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key or BLOCK_MARK in key}
     for key, records in latest.items():
         try:
             if key.endswith(FENCE_SUFFIX):
@@ -356,6 +418,7 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             continue
         index.snapshots[rollout_id] = None
         blobs: list[BlobRef | None] = [None] * SLOTS
+        blocks: list[frozenset[str]] = [frozenset()] * SLOTS
         keep_slot: int | None = None
         seen_slots: set[int] = set()
         # Both keys live in the rollout's partition: their offsets order them.
@@ -371,6 +434,7 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
                 continue
             if newest_of_slot and isinstance(snapshot, Snapshot):
                 blobs[slot] = snapshot.blob  # what the slot's current value refers to
+                blocks[slot] = frozenset(snapshot.blocks or ())
             if index.snapshots[rollout_id] is not None:
                 continue
             try:
@@ -395,7 +459,7 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             # Keep the slot holding it; if it is an older value of its key (whose newest is bad), compaction will
             # drop it anyway: keep the other slot instead, and overwrite the bad one.
             keep_slot = slot if newest_of_slot else 1 - slot
-        index.slots[rollout_id] = SnapshotSlots(keep_slot, tuple(blobs))
+        index.slots[rollout_id] = SnapshotSlots(keep_slot, tuple(blobs), tuple(blocks))
     return index
 
 
@@ -478,11 +542,12 @@ def _verified(
 ) -> LoadedSnapshot:
     if not isinstance(snapshot, Snapshot):
         raise CorruptRecordError(record.location, f"expected a Snapshot, found {type(snapshot).__name__}")
-    state = (
+    rest = (
         snapshot.state
         if snapshot.blob is None
         else b"".join(_blob_parts(codec, rollout_id, record, snapshot.blob, chunks))
     )
+    state = b"".join([*_block_parts(codec, rollout_id, record, snapshot.blocks or (), chunks), rest])
     if hashlib.sha256(state).hexdigest() != snapshot.state_sha256:
         raise CorruptRecordError(record.location, f"snapshot of rollout {rollout_id} fails its SHA-256 check")
     return LoadedSnapshot(snapshot, state, record.location)
@@ -499,3 +564,16 @@ def _blob_parts(
         if not isinstance(chunk, BlobChunk):
             raise CorruptRecordError(stored.location, f"expected a BlobChunk, found {type(chunk).__name__}")
         yield chunk.data
+
+
+def _block_parts(
+    codec: Codec, rollout_id: str, record: StoredRecord, blocks: Iterable[str], chunks: dict[str, StoredRecord]
+) -> Iterator[bytes]:
+    for i, sha in enumerate(blocks):
+        stored = chunks.get(block_key(rollout_id, sha))
+        if stored is None:
+            raise CorruptRecordError(record.location, f"snapshot lacks its block {i} ({sha[:12]})")
+        block = _decode(codec, stored)
+        if not isinstance(block, BlobChunk):
+            raise CorruptRecordError(stored.location, f"expected a BlobChunk, found {type(block).__name__}")
+        yield block.data

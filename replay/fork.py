@@ -156,7 +156,7 @@ def fork_rollout(
             exports = {rid: r.export_state() for rid, r in env.resources.items() if r.supports_export}
         finally:
             env.close()
-        target.append(events, snapshot_of(state, exports, writer)).result()
+        target.append(events, snapshot_of(state, exports, writer, target.snapshot_block_bytes)).result()
         for registration in _registrations_needed(rollout_id, source, target_index.workloads):
             target.register_workload(registration).result()
         target.register_workload(fork.registration(topology, writer)).result()

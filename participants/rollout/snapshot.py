@@ -17,8 +17,24 @@ from rollout_journal.participants.rollout.state import RolloutState
 __all__ = ["snapshot_of"]
 
 
-def snapshot_of(state: RolloutState, resource_states: Mapping[str, bytes], writer: str) -> SnapshotDraft:
-    """A snapshot of ``state`` covering every event applied to it, with these resource exports."""
+def snapshot_of(
+    state: RolloutState, resource_states: Mapping[str, bytes], writer: str, block_bytes: int = 0
+) -> SnapshotDraft:
+    """A snapshot of ``state`` covering every event applied to it, with these resource exports.
+    ``block_bytes``: the journal's ``snapshot_block_bytes``. Once the head or the conversation
+    fills a block, the state is laid out in sections (:meth:`RolloutState.to_sections`), which the
+    journal writes in blocks, each once; before that (and with 0, a journal that writes no blocks)
+    it is one compressed record (:meth:`RolloutState.to_bytes`), which every version reads."""
     covers_seq = state.next_seq - 1  # every event applied so far
     status = "finished" if state.finished else "given_up" if state.given_up else RUNNING  # any but RUNNING: final
-    return SnapshotDraft(state.header(writer), status, covers_seq, state.with_exports(resource_states).to_bytes())
+    exported = state.with_exports(resource_states)
+    header = state.header(writer)
+    if block_bytes and (4 * len(state.head_tokens) >= block_bytes or _text_bytes(state) >= block_bytes):
+        data, stable = exported.to_sections()
+        return SnapshotDraft(header, status, covers_seq, data, stable=stable)
+    return SnapshotDraft(header, status, covers_seq, exported.to_bytes())
+
+
+def _text_bytes(state: RolloutState) -> int:
+    """About what the conversation takes in a snapshot (its text; a cheap lower bound)."""
+    return sum(len(m.content) for m in state.messages)

@@ -71,6 +71,10 @@ _SNAPSHOT_FORMAT_V1 = "rollout-journal/rollout-state/1"  # 0.1.0: exports only, 
 # starts with these bytes (a zlib stream starts with 0x78 here).
 STATE_MAGIC = b"RJS\x01"
 _STATE_LENGTHS = struct.Struct("<III")  # the JSON document's, the token ids', the logprobs' byte lengths
+# The layout for snapshots written in blocks (to_sections) ends with its lengths and this magic:
+# its growing sections come first, so that their blocks stay the same from one snapshot to the next.
+SECTIONS_MAGIC = b"RJS\x02"
+_SECTIONS_TRAILER = struct.Struct("<IIII4s")  # token ids', logprobs', messages', compressed document's lengths
 
 
 def full_prompt(head_tokens: np.ndarray, call: ModelCall) -> np.ndarray:
@@ -386,6 +390,27 @@ class RolloutState(RolloutProgress):
         document of everything but the token arrays, and the head's token ids and logprobs as
         raw little-endian arrays. (The arrays were base64 strings inside zlib'd JSON until 2026-12-01:
         a 41-turn state took twice as long to read back, see :meth:`from_bytes`.)"""
+        doc, tokens, logprobs = self._document()
+        doc["messages"] = [_message_doc(m) for m in self.messages]
+        text = json.dumps(doc, separators=(",", ":")).encode()
+        return STATE_MAGIC + zlib.compress(
+            _STATE_LENGTHS.pack(len(text), len(tokens), len(logprobs)) + text + tokens + logprobs, 1
+        )
+
+    def to_sections(self) -> tuple[bytes, tuple[int, int, int]]:
+        """The state laid out for a snapshot written in blocks (``SnapshotDraft.stable``): the head's
+        token ids, its logprobs (raw little-endian arrays) and the conversation (a JSON line per
+        message), the three sections that only grow from one turn to the next, then zlib of the
+        rest of the document, then ``_SECTIONS_TRAILER`` (the four lengths and ``SECTIONS_MAGIC``).
+        The bytes, and the lengths of the three growing sections."""
+        doc, tokens, logprobs = self._document()
+        messages = b"".join(json.dumps(_message_doc(m), separators=(",", ":")).encode() + b"\n" for m in self.messages)
+        rest = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
+        trailer = _SECTIONS_TRAILER.pack(len(tokens), len(logprobs), len(messages), len(rest), SECTIONS_MAGIC)
+        return tokens + logprobs + messages + rest + trailer, (len(tokens), len(logprobs), len(messages))
+
+    def _document(self) -> tuple[dict[str, Any], bytes, bytes]:
+        """The snapshot's document without its messages, the head's token ids and its logprobs."""
         doc = {
             "format": SNAPSHOT_FORMAT,
             "rollout_id": self.rollout_id,
@@ -405,7 +430,6 @@ class RolloutState(RolloutProgress):
             "failure": self.failure,
             "failures": self.failures,
             "given_up": self.given_up,
-            "messages": [_message_doc(m) for m in self.messages],
             "head_call_id": self.head_call_id,
             "actions": self.actions,
             "output_tokens": self.output_tokens,
@@ -443,11 +467,7 @@ class RolloutState(RolloutProgress):
             logprobs = lineage.logprobs.astype("<f4").tobytes()
         else:
             doc["format"] = _SNAPSHOT_FORMAT_V2  # what it knows is what an older version wrote
-        text = json.dumps(doc, separators=(",", ":")).encode()
-        tokens = self.head_tokens.astype("<i4").tobytes()
-        return STATE_MAGIC + zlib.compress(
-            _STATE_LENGTHS.pack(len(text), len(tokens), len(logprobs)) + text + tokens + logprobs, 1
-        )
+        return doc, self.head_tokens.astype("<i4").tobytes(), logprobs
 
     @classmethod
     def from_bytes(cls, data: bytes, where: RecordLocation | None = None) -> RolloutState:
@@ -456,7 +476,10 @@ class RolloutState(RolloutProgress):
         tokens: bytes | None = None  # None: the earlier layout, which holds the arrays inside the document
         logprobs = b""
         try:
-            if data[: len(STATE_MAGIC)] == STATE_MAGIC:
+            sections = _sections(data)
+            if sections is not None:
+                doc, tokens, logprobs = sections
+            elif data[: len(STATE_MAGIC)] == STATE_MAGIC:
                 doc, tokens, logprobs = _unpacked(zlib.decompress(data[len(STATE_MAGIC) :]))
             else:
                 doc = _document(zlib.decompress(data))
@@ -596,6 +619,22 @@ def _unpacked(payload: bytes) -> tuple[dict[str, Any], bytes, bytes]:
     doc = _document(payload[start : start + text])
     start += text
     return doc, payload[start : start + tokens], payload[start + tokens :]
+
+
+def _sections(data: bytes) -> tuple[dict[str, Any], bytes, bytes] | None:
+    """The document (its messages back in it), token ids and logprobs of a :meth:`RolloutState.to_sections`
+    state; None for another layout (an earlier one never ends with a trailer whose lengths add up);
+    ValueError if its document does not read."""
+    size = _SECTIONS_TRAILER.size
+    if len(data) < size or data[-4:] != SECTIONS_MAGIC:
+        return None
+    tokens, logprobs, messages, rest, _ = _SECTIONS_TRAILER.unpack_from(data, len(data) - size)
+    if tokens + logprobs + messages + rest + size != len(data) or tokens % 4 or logprobs % 4:
+        return None
+    at = tokens + logprobs
+    doc = _document(zlib.decompress(data[at + messages : at + messages + rest]))
+    doc["messages"] = [json.loads(line) for line in data[at : at + messages].split(b"\n")[:-1]]
+    return doc, data[:tokens], data[tokens:at]
 
 
 def _document(text: bytes) -> dict[str, Any]:

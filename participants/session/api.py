@@ -221,11 +221,12 @@ def session_prompt(state: RolloutState, prompt_ids: np.ndarray) -> Prompt:
     return Prompt(ids, 0, CONTINUATION_NEW_SEQUENCE)
 
 
-def snapshot_draft(state: RolloutState, writer: str) -> SnapshotDraft:
+def snapshot_draft(state: RolloutState, writer: str, block_bytes: int) -> SnapshotDraft:
     """A snapshot of ``state`` covering every event applied to it (no resource exports: a session's
     resources live behind their own servers, their calls in the journal), by the aggregate's one
-    rule, as the agent's are: a given-up rollout's last snapshot is final too."""
-    draft = snapshot_of(state, {}, writer)
+    rule, as the agent's are: a given-up rollout's last snapshot is final too (``block_bytes``: the
+    journal's ``snapshot_block_bytes``)."""
+    draft = snapshot_of(state, {}, writer, block_bytes)
     state.record_exports({})
     return draft
 
@@ -658,7 +659,7 @@ class RolloutSession:
         the journal now: the factory reloads the rollout from the journal on the next open)."""
         draft = None
         if snapshot:
-            draft = snapshot_draft(self.state, self.factory.writer)
+            draft = snapshot_draft(self.state, self.factory.writer, self.factory.journal.snapshot_block_bytes)
             self._turns_since_snapshot = 0
         try:
             self._pending.append(self.factory.journal.append(events, draft, result))
@@ -849,7 +850,9 @@ class SessionFactory:
         run = run_digest(run_key) if run_key is not None else None
         events = self._start_attempt(ref, state, reason, restart_from_zero or new, messages, run)
         session = RolloutSession(self, ref, state, writes=True)
-        draft = snapshot_draft(state, self.writer) if new else None  # registers it in the compacted stream
+        draft = (
+            snapshot_draft(state, self.writer, self.journal.snapshot_block_bytes) if new else None
+        )  # registers it in the compacted stream
         try:
             await durable(self.journal.append(events, draft))
         except BaseException as exc:

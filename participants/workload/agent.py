@@ -93,6 +93,7 @@ class TurnSink(Protocol):
     """Where a finished turn goes: the journal, or nowhere (overhead baseline)."""
 
     journals: bool  # turns are made durable: snapshots are worth building
+    snapshot_block_bytes: int  # the journal's (see Journal): 0 where it writes no blocks
 
     def submit(
         self, events: list[RolloutEvent], snapshot: SnapshotDraft | None, result: TrainingRecord | None = None
@@ -107,6 +108,7 @@ class JournalSink:
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
+        self.snapshot_block_bytes = journal.snapshot_block_bytes
 
     def submit(
         self, events: list[RolloutEvent], snapshot: SnapshotDraft | None, result: TrainingRecord | None = None
@@ -118,6 +120,7 @@ class NullSink:
     """Journaling off: the same rollout work with nothing made durable and no snapshots built."""
 
     journals = False
+    snapshot_block_bytes = 0
 
     def submit(
         self, events: list[RolloutEvent], snapshot: SnapshotDraft | None, result: TrainingRecord | None = None
@@ -314,7 +317,7 @@ class Agent:
         state records the exports as the snapshot holds them (``RolloutState.record_exports``)."""
         if resource_states is None:
             resource_states = {rid: self._export(live, r) for rid, r in live.env.resources.items() if r.supports_export}
-        draft = snapshot_of(live.state, resource_states, self.writer)
+        draft = snapshot_of(live.state, resource_states, self.writer, self.sink.snapshot_block_bytes)
         live.state.record_exports(resource_states)
         return draft
 
@@ -391,7 +394,7 @@ class Agent:
         record = None
         if spec.forked_from is None:  # a fork is a what-if, not a group's sample
             record = state.given_up_record(event.header, self.config.siblings, group_policy)
-        return self.sink.submit([event], snapshot_of(state, {}, self.writer), record)
+        return self.sink.submit([event], snapshot_of(state, {}, self.writer, self.sink.snapshot_block_bytes), record)
 
     # -- the model calls of a turn ------------------------------------------------------
     async def model_call(

@@ -28,7 +28,7 @@ from pydantic import (
 
 from rollout_journal.journal.errors import ConfigurationError
 from rollout_journal.journal.open import is_kafka_url
-from rollout_journal.journal.snapshots import LEGACY_WORKLOAD_PREFIX
+from rollout_journal.journal.snapshots import BLOCK_BYTES, LEGACY_WORKLOAD_PREFIX, MIN_BLOCK_BYTES
 from rollout_journal.participants.model.folders import BUILDER_VERSION
 
 
@@ -270,6 +270,21 @@ class WorkloadConfig(BaseModel):
         description="how long a commit waits for more turns when no "
         "agent waits for it yet (an agent that waits makes it commit at once)",
     )
+    snapshot_block_bytes: int = Field(
+        BLOCK_BYTES,
+        ge=0,
+        description="a snapshot's growing sections (the head of tokens, the conversation) are written in "
+        "blocks of this size, each once, so snapshot bytes grow with a rollout's turns, not their square; "
+        f"0 writes none (a version before blocks restores every snapshot); else at least {MIN_BLOCK_BYTES}",
+    )
+
+    @field_validator("snapshot_block_bytes")
+    @classmethod
+    def _blocks_worth_their_keys(cls, value: int) -> int:
+        if 0 < value < MIN_BLOCK_BYTES:
+            raise ValueError(f"blocks under {MIN_BLOCK_BYTES} bytes cost more in keys than they save; use 0 for none")
+        return value
+
     turns_in_flight: int = Field(
         2,
         ge=1,

@@ -70,7 +70,12 @@ def build_backend(config: WorkloadConfig) -> GenerationBackend:
 def open_workload_journal(config: WorkloadConfig) -> Journal:
     """The journal a workload writes, with the workload's group-commit linger."""
     try:
-        return open_journal(config.journal, writer=config.writer, linger_ms=config.journal_linger_ms)
+        return open_journal(
+            config.journal,
+            writer=config.writer,
+            linger_ms=config.journal_linger_ms,
+            snapshot_block_bytes=config.snapshot_block_bytes,
+        )
     except OSError as exc:  # a directory that cannot be made or written (checked earlier where it could be)
         where = f" ({exc.filename})" if exc.filename else ""
         raise ConfigurationError(

@@ -58,6 +58,7 @@ from rollout_journal.journal.events import Header, WorkloadRegistered
 from rollout_journal.journal.journal import Journal, WorkloadFeed
 from rollout_journal.journal.open import is_kafka_url, open_journal
 from rollout_journal.journal.restore import RestorePlan, load_rollouts
+from rollout_journal.journal.snapshots import BLOCK_BYTES
 from rollout_journal.journal.takeover import read_taken, serve_acknowledgements, take_and_restore
 from rollout_journal.participants.cancelling import cancel_and_wait
 from rollout_journal.participants.rollout.state import StateFoldError, restore_state
@@ -204,6 +205,7 @@ class FleetWorker:
         metrics_port: int | None = None,
         commit_interval_ms: float = 100.0,
         acknowledgement_bucket_size: int = 256,
+        snapshot_block_bytes: int = BLOCK_BYTES,
     ) -> None:
         """``name`` tells the worker apart (``status``, and the ``writer`` of the events it journals;
         default ``<host>-<pid>``). ``instance_id`` makes it a static member of the group: restarted
@@ -214,7 +216,8 @@ class FleetWorker:
         while it runs (default: counted, not served). ``commit_interval_ms``: the least time between
         two of its commits (each one transaction over every partition it owns), so its transactions
         per second stay under 1000 / interval however many turns it drives.
-        ``acknowledgement_bucket_size``: the journal's (see :class:`Journal`; 0 never folds)."""
+        ``acknowledgement_bucket_size``, ``snapshot_block_bytes``: the journal's (see :class:`Journal`;
+        0 never folds, never writes blocks)."""
         if not is_kafka_url(location):
             raise ConfigurationError(
                 f"a worker needs a Kafka journal (kafka://host:port/namespace), not {location!r}; "
@@ -233,6 +236,7 @@ class FleetWorker:
         self.linger_ms = linger_ms
         self.commit_interval_ms = commit_interval_ms
         self.acknowledgement_bucket_size = acknowledgement_bucket_size
+        self.snapshot_block_bytes = snapshot_block_bytes
         self.max_parallel_takes = max_parallel_takes
         self.report = WorkerReport(self.name)
         self.workloads: dict[str, _Workload] = {}
@@ -294,6 +298,7 @@ class FleetWorker:
             metrics=self.metrics,
             commit_interval_ms=self.commit_interval_ms,
             acknowledgement_bucket_size=self.acknowledgement_bucket_size,
+            snapshot_block_bytes=self.snapshot_block_bytes,
         )
         backend = journal.backend
         if not isinstance(backend, KafkaBackend):  # __init__ checked the location: a Kafka URL opens one
@@ -813,6 +818,7 @@ def run_as_member(
         on_turn=on_turn,
         poll_s=0.2,
         linger_ms=config.journal_linger_ms,
+        snapshot_block_bytes=config.snapshot_block_bytes,
         workloads=[FixedWorkload(config, registration, specs, topology_override, dict(stop_after or {}))],
     )
     started = time.perf_counter()

@@ -329,6 +329,7 @@ def worker(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port,
         commit_interval_ms=args.commit_interval_ms,
         acknowledgement_bucket_size=args.acknowledgement_bucket_size,
+        **({} if args.snapshot_block_bytes is None else {"snapshot_block_bytes": args.snapshot_block_bytes}),
     )
 
     async def until_stopped() -> WorkerReport:

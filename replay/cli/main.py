@@ -268,6 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
         "a restore does not grow with history (0: never fold, while workers or tools of a version without "
         "these buckets still read the namespace: they would run a folded rollout again). Default: %(default)s",
     )
+    worker.add_argument(
+        "--snapshot-block-bytes",
+        type=int,
+        metavar="N",
+        help="write a snapshot's growing parts (the head of tokens, the conversation) in blocks of N bytes, "
+        "each once, so a long rollout's snapshots do not rewrite every token (0: no blocks, while workers or "
+        "tools of a version without them still read the namespace: they could not read such a snapshot and "
+        "would replay the rollout from its first event or set it aside). Default: 16384 (the journal's)",
+    )
     worker.add_argument("--json", action="store_true", help="print the worker's report as JSON when it stops")
     status = sub.add_parser("status", help="per rollout and per partition: owner, attempt, epoch, turns (reads only)")
     status.add_argument(

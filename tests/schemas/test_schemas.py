@@ -147,6 +147,7 @@ STANDARD_FINGERPRINTS = {
     ("RolloutSummary", 1): "9c801bd7a6f16fc3",
     ("AttemptStarted", 4): "429a26684f3299f5",
     ("AcknowledgedRollouts", 1): "9352617179e4509a",
+    ("Snapshot", 3): "a17def081314b518",
 }
 VERSIONS = {(v.record, v.version): v for _, v in CASES}
 

@@ -12,7 +12,9 @@ import concurrent.futures
 import hashlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -39,9 +41,11 @@ from rollout_journal.journal.events import (
 from rollout_journal.journal.journal import Cursor, Journal, ReadReport
 from rollout_journal.journal.restore import RolloutHistory, history_from_first_event, load_rollouts
 from rollout_journal.journal.snapshots import (
+    BLOCK_MARK,
     BUCKET_MARK,
     SnapshotDraft,
     blob_chunk_key,
+    block_key,
     bucket_records,
     load_snapshots,
 )
@@ -243,6 +247,59 @@ class JournalConformance:
         index = journal.snapshots()
         assert index.snapshots["big"] is not None and index.snapshots["big"].state == older
         assert any("lacks chunk 1" in str(e) for e in index.errors)
+
+    def test_a_growing_state_writes_each_block_once_and_reads_back_whole(self, open_backend: OpenBackend) -> None:
+        """A state whose sections only grow (a head, a conversation) goes in blocks: each snapshot
+        writes the blocks its rollout added, never one a slot names already, and reads back whole."""
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as journal:
+            written: Counter[str] = Counter()
+            for turn, state in enumerate(_growing_states(4)):
+                before = _block_writes(journal)
+                journal.append_sync(
+                    [turn_done("grow", turn + 1, turn=turn + 1)], _blocked_draft("grow", turn + 1, state)
+                )
+                written.update(_block_writes(journal) - before)
+                assert journal.snapshots().snapshots["grow"].state == state.data
+            assert written and max(written.values()) == 1, "a block was written twice"
+            # The first turn's 3 full blocks of its head were written once, and named by every snapshot since.
+            first = _growing_states(1)[0]
+            assert all(_sha(first.data[i * BLOCK : (i + 1) * BLOCK]) in _named(journal, "grow") for i in range(3))
+            # A third and fourth snapshot overwrote the slots: what only those older values named is gone.
+            assert set(_live_blocks(journal, "grow")) == _named(journal, "grow")
+
+    def test_a_snapshot_missing_a_block_falls_back_to_the_previous_one(self, open_backend: OpenBackend) -> None:
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as journal:
+            older, newer = _growing_states(2)
+            journal.append_sync([started("grow", 0)], _blocked_draft("grow", 0, older))
+            journal.append_sync([turn_done("grow", 1)], _blocked_draft("grow", 1, newer))
+            only_newer = sorted(_named(journal, "grow", newest=True) - _named(journal, "grow", newest=False))
+            journal.backend.commit([OutRecord(Stream.SNAPSHOTS, block_key("grow", only_newer[0]), None, "grow")])
+            index = journal.snapshots()
+            assert index.snapshots["grow"] is not None and index.snapshots["grow"].state == older.data
+            assert any("lacks its block" in str(e) for e in index.errors)
+
+    def test_a_writer_that_restored_a_blocked_rollout_reuses_its_blocks_and_acknowledgement_drops_them(
+        self, open_backend: OpenBackend
+    ) -> None:
+        states = _growing_states(3)
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as first:
+            first.append_sync([started("grow", 0)], _blocked_draft("grow", 0, states[0]))
+            first.append_sync([turn_done("grow", 1)], _blocked_draft("grow", 1, states[1]))
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as second:
+            load_rollouts(second)  # what a take does: the writer learns both slots and their blocks
+            before = _block_writes(second)
+            second.append_sync([turn_done("grow", 2, turn=2)], _blocked_draft("grow", 2, states[2]))
+            new = _block_writes(second) - before
+            kept = _named(second, "grow", newest=False)  # the slot it kept: turn 1's snapshot
+            assert new and not set(new) & kept, "a block the kept slot names was written again"
+            assert second.snapshots().snapshots["grow"].state == states[2].data
+            assert set(_live_blocks(second, "grow")) == _named(second, "grow")
+            second.append_sync(
+                [RolloutFinished(header("grow", 3), 1.0, 3, "{}")],
+                SnapshotDraft(header("grow", 3), "finished", 3, b"done"),
+            )
+            second.acknowledge(RolloutAcknowledged(header("grow", 4), "trainer")).result()
+            assert _live_blocks(second, "grow") == [], "acknowledgement left blocks behind"
 
     def test_attempt_n_events_after_the_fence_are_dropped_by_readers(
         self, journal: Journal, open_backend: OpenBackend
@@ -624,3 +681,60 @@ def _ack_record(journal: Journal, rollout: str, location: RecordLocation) -> Sto
     """An acknowledgement request for ``rollout`` as an owner reads it from ``<namespace>.acks``."""
     value = journal.codec.encode(RolloutAcknowledged(header(rollout, 3), "trainer"))
     return StoredRecord(rollout, value, RecordLocation(location.source, journal.partition_of(rollout), 0))
+
+
+BLOCK = 1024  # small blocks: a few kilobytes of state fill several
+
+
+@dataclass(frozen=True)
+class _GrowingState:
+    """A state laid out as a rollout's is for blocks: two growing sections, then the rest."""
+
+    data: bytes
+    stable: tuple[int, int]
+
+
+def _growing_states(turns: int) -> list[_GrowingState]:
+    """States of ``turns`` turns: each turn adds 3.5 blocks to the head and a third of one to the
+    conversation (both sections only grow), and rewrites the rest."""
+    head, talk = np.random.default_rng(7).bytes(4 * BLOCK * turns), np.random.default_rng(8).bytes(BLOCK * turns)
+    states = []
+    for turn in range(1, turns + 1):
+        a, b = head[: 3 * BLOCK * turn + BLOCK // 2 * turn], talk[: BLOCK // 3 * turn]
+        states.append(_GrowingState(a + b + f"rest of turn {turn}".encode(), (len(a), len(b))))
+    return states
+
+
+def _blocked_draft(rollout: str, seq: int, state: _GrowingState) -> SnapshotDraft:
+    return SnapshotDraft(header(rollout, seq, turn=seq), "running", seq, state.data, stable=state.stable)
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _block_writes(journal: Journal) -> Counter[str]:
+    """How often each block key was written (values, not tombstones) in the raw snapshot stream."""
+    return Counter(r.key for r in journal.backend.read_snapshots() if BLOCK_MARK in r.key and r.value is not None)
+
+
+def _live_blocks(journal: Journal, rollout: str) -> list[str]:
+    """The block digests of ``rollout`` that compaction keeps (not tombstoned)."""
+    kept = compacted(journal.backend.read_snapshots(), 1)
+    return sorted(key.split(BLOCK_MARK)[1] for key in kept if key.startswith(rollout + BLOCK_MARK))
+
+
+def _named(journal: Journal, rollout: str, newest: bool | None = None) -> set[str]:
+    """The block digests the rollout's slots name now (``newest``: only the newest snapshot's, or
+    only the other slot's; None: both)."""
+    kept = compacted(journal.backend.read_snapshots(), 1)
+    values = sorted(
+        (kept[key][-1] for key in (rollout, rollout + "/snapshot/1") if key in kept), key=lambda r: r.location.offset
+    )
+    if newest is not None:
+        values = values[-1:] if newest else values[:-1]
+    named: set[str] = set()
+    for record in values:
+        snapshot = journal.codec.decode(record.value or b"", record.location)
+        named.update(getattr(snapshot, "blocks", None) or ())
+    return named

@@ -87,7 +87,16 @@ SAMPLES = {
     "RolloutGivenUp": RolloutGivenUp(header("r", 6), 3, "SandboxCrashedError", "sandbox r/python exited with code -9"),
     "RolloutAcknowledged": RolloutAcknowledged(header("r", 6), "trainer-0"),
     "Snapshot": Snapshot(
-        header("r", 7), "running", 6, 0, 123, b"state", "e" * 64, BlobRef("f" * 64, 10, 1), b"\xc3\x01summary"
+        header("r", 7),
+        "running",
+        6,
+        0,
+        123,
+        b"state",
+        "e" * 64,
+        BlobRef("f" * 64, 10, 1),
+        b"\xc3\x01summary",
+        ["a" * 64, "b" * 64],
     ),
     "RolloutSummary": RolloutSummary(
         "r",

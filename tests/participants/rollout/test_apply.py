@@ -712,6 +712,30 @@ def test_a_state_at_a_turn_boundary_reads_back_from_its_bytes_whole() -> None:
     assert again.to_bytes() == state.to_bytes()
 
 
+def test_a_state_in_sections_reads_back_whole_and_each_section_only_grows() -> None:
+    """The layout for snapshots written in blocks: the same state reads back, and a turn later each
+    of its growing sections (token ids, logprobs, conversation) begins with what it held before,
+    so the blocks of what it held are the same."""
+    r, state = at_a_turn_boundary()
+    data, stable = state.to_sections()
+    assert_same_state(state, RolloutState.from_bytes(data))
+    r.apply(r.start(resumed_from_turn=state.next_turn), *one_turn(r, "c3"))
+    later, grown = state.to_sections()
+    assert_same_state(state, RolloutState.from_bytes(later))
+    for i, (was, now) in enumerate(zip(stable, grown, strict=True)):
+        before, after = sum(stable[:i]), sum(grown[:i])
+        assert now > was and later[after : after + was] == data[before : before + was], f"section {i}"
+
+
+def test_a_snapshot_is_in_sections_once_a_section_fills_a_block_and_never_without_blocks() -> None:
+    _, state = at_a_turn_boundary()
+    head = 4 * len(state.head_tokens)
+    assert snapshot_of(state, {}, "w", block_bytes=head).stable  # the head fills a block
+    assert snapshot_of(state, {}, "w", block_bytes=64 * 1024).stable == ()  # too small yet: one record
+    unblocked = snapshot_of(state, {}, "w", block_bytes=0)
+    assert unblocked.stable == () and unblocked.state.startswith(STATE_MAGIC)  # what every version reads
+
+
 def test_the_tokens_journaled_as_progress_survive_a_snapshot() -> None:
     """A restore from the snapshot counts what a replay from the first event counts."""
     r, state = fresh()

@@ -76,6 +76,8 @@ def _crash_trials(journal_location: str, tmp_path: Path, trials: int, seed: int)
             max_turns=4,
             environment="workplace,counter",
             snapshot_every_turns=rng.choice([1, 2, 3]),
+            # Half the trials snapshot in blocks from the first turn (a tiny model's head fills 256 bytes).
+            snapshot_block_bytes=rng.choice([256, 16 * 1024]),
         )
         if not journal_location.startswith("kafka://"):
             config = config.model_copy(update={"journal": str(tmp_path / f"journal-{trial}")})
