@@ -37,6 +37,7 @@ def main() -> int:
         "replay_scan": run("replay_scan.py", *(["--events", "100000", "--rounds", "1"] if args.quick else [])),
         "services": run("services.py", *(["--rounds", "2", "--groups", "2", "--siblings", "2"] if args.quick else [])),
         "snapshot_state": run("snapshot_state.py", *(["--rounds", "3", "--repeat", "50"] if args.quick else [])),
+        "snapshot_blocks": run("snapshot_blocks.py", *(["--turns", "4,16", "--rounds", "1"] if args.quick else [])),
         "prefix_recovery": run(
             "prefix_recovery.py", *(["--crashes", "2", "--rounds", "3", "--tokens", "192"] if args.quick else [])
         ),

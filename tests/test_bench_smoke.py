@@ -294,6 +294,27 @@ def test_snapshot_state_reports_both_layouts() -> None:
     assert len(report["read_speedup_per_round"]) == 2
 
 
+def test_snapshot_blocks_measures_both_layouts_and_their_growth() -> None:
+    """A figure that can come out badly: blocks are counted from what the journal committed, so a
+    head written whole each time would grow as whole snapshots do."""
+    report = bench_report(
+        "snapshot_blocks.py",
+        "--turns",
+        "2,8",
+        "--output",
+        "4096",
+        "--rounds",
+        "1",
+        "--restores",
+        "1",
+        timeout_s=300,
+    )
+    assert report["block_bytes_8"] > 0 and report["snapshot_bytes_8_whole"] > 0
+    assert report["growth_blocks"] < report["growth_whole"]
+    for key in ("restore_ms_8_blocks", "restore_ms_8_whole", "restore_ratio_8", "bytes_ratio_8"):
+        assert report[key] > 0, key
+
+
 @pytest.mark.slow
 @pytest.mark.kafka
 @pytest.mark.timeout(1800)
