@@ -277,11 +277,18 @@ def audit_figures(
     journal or faults), ``identical_to_uninterrupted``."""
     audit = audit_journal(url, config)
     reported = reported_turns(workers)
+    lost = sorted(turn for turn in reported if audit.turns_standing[turn] != 1)
     figures: dict[str, Any] = {
-        "turns_lost": sum(1 for turn in reported if audit.turns_standing[turn] != 1),
+        "turns_lost": len(lost),
         "duplicate_turns": sum(count - 1 for count in audit.turns_written.values() if count > 1),
         "zombie_writes_visible": len(audit.fenced) + len(audit.by_writer_after_takeover),
     }
+    if lost:  # what to look at: the journal's view of each, and whether a read was still held back
+        figures["turns_lost_detail"] = [audit.turn_detail(*turn) for turn in lost[:5]]
+    if audit.held_back:
+        figures["audit_reads_held_back"] = audit.held_back[:5]
+    if audit.held_back_waited_s:  # an open transaction held the audit's first read back this long
+        figures["audit_held_back_waited_s"] = audit.held_back_waited_s
     if reference is not None:
         figures["identical_to_uninterrupted"] = audit.outcomes == reference
     return figures

@@ -472,7 +472,8 @@ def main() -> int:
                 report |= transaction_capacity(bootstrap, args.members, args.capacity_window_s, 1 if args.smoke else 3)
             if args.with_sub_benches:
                 report |= sub_benches(bootstrap)
-            succeeded = True
+            # A run that lost, doubled or let a zombie's write through keeps the members' logs too.
+            succeeded = not any(report.get(k) for k in ("turns_lost", "duplicate_turns", "zombie_writes_visible"))
     finally:
         if succeeded:
             shutil.rmtree(work, ignore_errors=True)

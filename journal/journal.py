@@ -620,6 +620,13 @@ class Journal:
             self._attempts.pop(rollout_id, None)
         return self._committer.submit(lambda: tombstone_records(rollout_id, self._slots.pop(rollout_id, None)))
 
+    def discard(self, records: Sequence[OutRecord]) -> Future[AppendReceipt]:
+        """Commit ``records``, tombstones of snapshot-stream keys nothing names any more (a restore's
+        ``RestorePlan.orphans``: blocks and blob chunks of rollouts acknowledged or tombstoned by a
+        writer that did not know them), while this writer still owns their partitions."""
+        check = self._partition_check({self.partition_of(r.partition_key) for r in records})
+        return self._committer.submit(lambda: list(records), check=check)
+
     def note_epoch(self, rollout_id: str, epoch: int) -> None:
         """Tell the writer-side fence an epoch learned by reading (restore)."""
         with self._fence_lock:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 
+from rollout_journal.journal.backend import OutRecord
 from rollout_journal.journal.deadlines import Deadline
 from rollout_journal.journal.errors import RecordLocation, SnapshotsLostError
 from rollout_journal.journal.events import WorkloadRegistered
@@ -53,6 +54,9 @@ class RestorePlan:
     seconds: float
     events_replayed: int
     acknowledged: Fences = field(default_factory=Fences)  # the trainer took these: nothing to restore
+    # Tombstones for what no snapshot names any more on the partitions read (``SnapshotIndex.orphans``):
+    # the partition's writer commits them (``Journal.discard``), a reader leaves them.
+    orphans: list[OutRecord] = field(default_factory=list)
 
 
 def load_rollouts(
@@ -109,7 +113,9 @@ def load_rollouts(
     for rollout_id, offset in first_offsets.items():
         histories[rollout_id].first_offset = offset
     replayed += _read_again_while_behind(journal, histories, cursors, report)
-    return RestorePlan(histories, index.workloads, report, time.perf_counter() - started, replayed, acknowledged)
+    orphans = [r for p, found in sorted(index.orphans.items()) if partitions is None or p in partitions for r in found]
+    seconds = time.perf_counter() - started
+    return RestorePlan(histories, index.workloads, report, seconds, replayed, acknowledged, orphans)
 
 
 def _read_again_while_behind(

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import cast
@@ -242,6 +242,10 @@ class SnapshotIndex:
     workloads: dict[str, WorkloadRegistered] = field(default_factory=dict)
     errors: list[JournalError] = field(default_factory=list)
     slots: dict[str, SnapshotSlots] = field(default_factory=dict)  # for the writer that continues these rollouts
+    # Blocks and blob chunks of rollouts that have no snapshot to name them any more (acknowledged, or
+    # tombstoned), by partition: left by a writer that did not know them (a trainer acknowledging from
+    # its records, a zombie). Whoever takes the partition tombstones them (``Journal.discard``).
+    orphans: dict[int, list[OutRecord]] = field(default_factory=dict)
     # Partitions with an unreadable record that may have been a bucket (one naming it so, or one whose
     # key is unreadable too): the rollouts it named have neither fence nor snapshot left, and only
     # their events say what became of them (restore reads their keys there).
@@ -381,7 +385,8 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             index.unaccounted.add(record.location.partition)
 
     latest = compacted(stored, keep, unreadable)
-    chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key or BLOCK_MARK in key}
+    chunks = {key: records[-1] for key, records in latest.items() if BLOB_MARK in key}
+    blocks_read = _BlockReader(codec, {key: records[-1] for key, records in latest.items() if BLOCK_MARK in key})
     for key, records in latest.items():
         try:
             if key.endswith(FENCE_SUFFIX):
@@ -434,11 +439,13 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
                 continue
             if newest_of_slot and isinstance(snapshot, Snapshot):
                 blobs[slot] = snapshot.blob  # what the slot's current value refers to
-                blocks[slot] = frozenset(snapshot.blocks or ())
+                # Only the blocks there and whole count as stored: a lost or damaged one is written again
+                # by the next snapshot that names it, or it would fail every snapshot of the rollout.
+                blocks[slot] = frozenset(sha for sha in snapshot.blocks or () if blocks_read.intact(rollout_id, sha))
             if index.snapshots[rollout_id] is not None:
                 continue
             try:
-                loaded = _verified(codec, rollout_id, record, snapshot, chunks)
+                loaded = _verified(codec, rollout_id, record, snapshot, chunks, blocks_read)
             except JournalError as exc:
                 index.errors.append(exc)
                 continue
@@ -460,7 +467,23 @@ def load_snapshots(codec: Codec, stored: Iterable[StoredRecord], keep: int = 2) 
             # drop it anyway: keep the other slot instead, and overwrite the bad one.
             keep_slot = slot if newest_of_slot else 1 - slot
         index.slots[rollout_id] = SnapshotSlots(keep_slot, tuple(blobs), tuple(blocks))
+    _find_orphans(latest, candidates.keys(), index)
     return index
+
+
+def _find_orphans(latest: Mapping[str, list[StoredRecord]], with_slots: Collection[str], index: SnapshotIndex) -> None:
+    """The block and blob chunk keys of rollouts without a snapshot slot, or acknowledged, into
+    ``index.orphans``: a snapshot and its blocks commit together, so nothing will name these again."""
+    for key, records in latest.items():
+        mark = BLOCK_MARK if BLOCK_MARK in key else BLOB_MARK if BLOB_MARK in key else None
+        if mark is None:
+            continue
+        rollout_id = key.split(mark, 1)[0]
+        fence = index.fences.get(rollout_id)
+        if rollout_id in with_slots and (fence is None or not fence.acknowledged):
+            continue
+        partition = records[-1].location.partition
+        index.orphans.setdefault(partition, []).append(OutRecord(Stream.SNAPSHOTS, key, None, rollout_id))
 
 
 def _decode(codec: Codec, record: StoredRecord) -> Record:
@@ -538,7 +561,12 @@ def _legacy_workload(codec: Codec, record: StoredRecord) -> WorkloadRegistered:
 
 
 def _verified(
-    codec: Codec, rollout_id: str, record: StoredRecord, snapshot: object, chunks: dict[str, StoredRecord]
+    codec: Codec,
+    rollout_id: str,
+    record: StoredRecord,
+    snapshot: object,
+    chunks: dict[str, StoredRecord],
+    blocks: _BlockReader,
 ) -> LoadedSnapshot:
     if not isinstance(snapshot, Snapshot):
         raise CorruptRecordError(record.location, f"expected a Snapshot, found {type(snapshot).__name__}")
@@ -547,7 +575,7 @@ def _verified(
         if snapshot.blob is None
         else b"".join(_blob_parts(codec, rollout_id, record, snapshot.blob, chunks))
     )
-    state = b"".join([*_block_parts(codec, rollout_id, record, snapshot.blocks or (), chunks), rest])
+    state = b"".join([*(blocks.data(rollout_id, sha, i, record) for i, sha in enumerate(snapshot.blocks or ())), rest])
     if hashlib.sha256(state).hexdigest() != snapshot.state_sha256:
         raise CorruptRecordError(record.location, f"snapshot of rollout {rollout_id} fails its SHA-256 check")
     return LoadedSnapshot(snapshot, state, record.location)
@@ -566,14 +594,46 @@ def _blob_parts(
         yield chunk.data
 
 
-def _block_parts(
-    codec: Codec, rollout_id: str, record: StoredRecord, blocks: Iterable[str], chunks: dict[str, StoredRecord]
-) -> Iterator[bytes]:
-    for i, sha in enumerate(blocks):
-        stored = chunks.get(block_key(rollout_id, sha))
+class _BlockReader:
+    """The blocks of a read snapshot stream, each decoded and checked against its digest once
+    (both slots of a rollout name mostly the same blocks)."""
+
+    def __init__(self, codec: Codec, records: dict[str, StoredRecord]) -> None:
+        self._codec = codec
+        self._records = records
+        self._read: dict[str, bytes | CorruptRecordError] = {}
+
+    def data(self, rollout_id: str, sha: str, index: int, snapshot: StoredRecord) -> bytes:
+        """Block ``index`` (``sha``) of the snapshot at ``snapshot``; ``CorruptRecordError`` naming
+        it when it is missing, not a ``BlobChunk`` or not what its digest says."""
+        key = block_key(rollout_id, sha)
+        found = self._read.get(key)
+        if found is None:
+            found = self._read[key] = self._decoded(key, sha, index, snapshot)
+        if isinstance(found, CorruptRecordError):
+            raise found
+        return found
+
+    def intact(self, rollout_id: str, sha: str) -> bool:
+        key = block_key(rollout_id, sha)
+        if key not in self._records:
+            return False
+        try:
+            self.data(rollout_id, sha, 0, self._records[key])
+            return True
+        except CorruptRecordError:
+            return False
+
+    def _decoded(self, key: str, sha: str, index: int, snapshot: StoredRecord) -> bytes | CorruptRecordError:
+        stored = self._records.get(key)
         if stored is None:
-            raise CorruptRecordError(record.location, f"snapshot lacks its block {i} ({sha[:12]})")
-        block = _decode(codec, stored)
+            return CorruptRecordError(snapshot.location, f"snapshot lacks its block {index} ({sha[:12]})")
+        try:
+            block = _decode(self._codec, stored)
+        except CorruptRecordError as exc:
+            return exc
         if not isinstance(block, BlobChunk):
-            raise CorruptRecordError(stored.location, f"expected a BlobChunk, found {type(block).__name__}")
-        yield block.data
+            return CorruptRecordError(stored.location, f"expected a BlobChunk, found {type(block).__name__}")
+        if hashlib.sha256(block.data).hexdigest() != sha:
+            return CorruptRecordError(stored.location, f"block {sha[:12]} fails its SHA-256 check")
+        return block.data

@@ -53,6 +53,8 @@ def take_and_restore(
         journal.take_partition(partition, token)  # idempotent: the commit points, again
         plan = load_rollouts(journal, partitions={partition}, only=only)
         apply_waiting_acks(journal, partition, plan)
+        if plan.orphans:  # left by a writer that did not know them: nobody else ever drops them
+            journal.discard(plan.orphans).result()
         return plan
 
     return _while_owned(journal, partition, token, take, on_held_back, retry_s)

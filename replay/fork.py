@@ -131,7 +131,8 @@ def fork_rollout(
     initial, turns, topology = _lineage_through(source, rollout_id, at_turn, report, progress)
     target_location = journal_out or source.location
     writer = WRITER_PREFIX + uuid.uuid4().hex[:12]
-    with open_journal(target_location, writer=writer) as target:
+    # Blocks as the workload writes them (its snapshot_block_bytes 0 keeps them off the namespace).
+    with open_journal(target_location, writer=writer, snapshot_block_bytes=config.snapshot_block_bytes) as target:
         target_index = target.snapshots()
         taken = (
             set(target_index.workloads)

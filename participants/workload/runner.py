@@ -166,6 +166,8 @@ class Runner:
         registration: WorkloadRegistered | None = None
         if self.journal is not None:
             plan = load_rollouts(self.journal)
+            if plan.orphans:  # blocks and blob chunks a writer that did not know them left behind
+                await durable(self.journal.discard(plan.orphans))
             registration = self.registration = plan.workloads.get(self.config.name)
             self.redispatched = dict(registration.redispatched) if registration is not None else {}
         specs = workload_specs(self.config, self.redispatched)

@@ -215,9 +215,39 @@ class JournalAudit:
     fenced: list  # events every reader drops (a zombie's that reached the log)
     attempts: dict[str, list[AttemptStarted]]  # per rollout, in log order
     by_writer_after_takeover: list[str]  # events of a superseded attempt written after a newer one started
+    # Where the read still ended short of what is committed (an open transaction holding it back) when
+    # the audit stopped waiting: a turn missing there may be held back, not lost.
+    held_back: list[str] = field(default_factory=list)
+    held_back_waited_s: float = 0.0  # how long the audit waited for held-back reads to catch up
+
+    def turn_detail(self, rollout_id: str, turn: int) -> str:
+        """What the journal holds of one turn: for a lost one, where to look."""
+        epochs = [
+            (a.header.epoch, a.header.seq, a.resumed_from_turn, a.header.writer)
+            for a in self.attempts.get(rollout_id, [])
+        ]
+        return (
+            f"{rollout_id} turn {turn}: written {self.turns_written[rollout_id, turn]}, "
+            f"standing {self.turns_standing[rollout_id, turn]}; attempts (epoch, seq, resumed from turn, writer): {epochs}"
+        )
 
 
-def audit_journal(url: str, config: WorkloadConfig) -> JournalAudit:
+def audit_journal(url: str, config: WorkloadConfig, *, hold_margin_s: float = 10.0) -> JournalAudit:
+    """The journal's view of ``config``'s workload, once every read reaches what is committed: a
+    read held back by an open transaction (a writer stopped mid-transaction, which the broker
+    aborts within the transaction timeout) is done again, until then plus ``hold_margin_s``."""
+    started = time.monotonic()
+    audit, hold_s = _audit_once(url, config)
+    deadline = started + hold_s + hold_margin_s
+    while audit.held_back and time.monotonic() < deadline:
+        time.sleep(2.0)
+        audit, _ = _audit_once(url, config)
+        audit.held_back_waited_s = round(time.monotonic() - started, 1)
+    return audit
+
+
+def _audit_once(url: str, config: WorkloadConfig) -> tuple[JournalAudit, float]:
+    """One audit read, and how long the backend may hold a read back (its transaction timeout)."""
     rollouts = {s.rollout_id for s in workload_specs(config)}
     report = ReadReport()
     written: Counter = Counter()
@@ -256,9 +286,10 @@ def audit_journal(url: str, config: WorkloadConfig) -> JournalAudit:
             h = item.event.header
             if h.rollout_id in rollouts and isinstance(item.event, TurnCompleted):
                 standing[h.rollout_id, h.turn] += 1
-    return JournalAudit(
-        outcomes, written, standing, [f for f in report.fenced if f.rollout_id in rollouts], attempts, late
-    )
+        hold_s = journal.backend.transaction_hold_s
+    fenced = [f for f in report.fenced if f.rollout_id in rollouts]
+    held = [str(h) for h in (*plan.report.held_back, *report.held_back)]
+    return JournalAudit(outcomes, written, standing, fenced, attempts, late, held), hold_s
 
 
 def reported_turns(workers: list[WorkerProcess]) -> Counter:

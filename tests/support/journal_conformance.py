@@ -30,6 +30,7 @@ from rollout_journal.journal.errors import (
 from rollout_journal.journal.event_chunks import split_event
 from rollout_journal.journal.events import (
     AttemptStarted,
+    BlobChunk,
     Header,
     Message,
     ModelCall,
@@ -277,6 +278,57 @@ class JournalConformance:
             index = journal.snapshots()
             assert index.snapshots["grow"] is not None and index.snapshots["grow"].state == older.data
             assert any("lacks its block" in str(e) for e in index.errors)
+
+    @pytest.mark.parametrize("damage", ["lost", "flipped"])
+    def test_a_block_lost_or_damaged_under_both_slots_is_written_again_by_the_next_snapshot(
+        self, open_backend: OpenBackend, damage: str
+    ) -> None:
+        """A block both slots name, gone or not what its digest says: neither snapshot restores, and a
+        writer that restored the rollout must not take the block as stored, or none ever would again."""
+        states = _growing_states(3)
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as first:
+            first.append_sync([started("grow", 0)], _blocked_draft("grow", 0, states[0]))
+            first.append_sync([turn_done("grow", 1)], _blocked_draft("grow", 1, states[1]))
+        shared = _sha(states[0].data[:BLOCK])  # the head's first block: both slots name it
+        key = block_key("grow", shared)
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as second:
+            value = None
+            if damage == "flipped":
+                value = second.codec.encode(BlobChunk(shared, 0, 1, b"\x00" + states[0].data[1:BLOCK]))
+            second.backend.commit([OutRecord(Stream.SNAPSHOTS, key, value, "grow")])
+            index = second.snapshots()
+            assert index.snapshots["grow"] is None  # neither slot restores: a replay from the first event
+            assert any(("lacks its block" if damage == "lost" else "fails its SHA-256") in str(e) for e in index.errors)
+            load_rollouts(second)
+            second.append_sync([turn_done("grow", 2, turn=2)], _blocked_draft("grow", 2, states[2]))
+            assert second.snapshots().snapshots["grow"].state == states[2].data
+
+    def test_blocks_an_acknowledger_did_not_know_are_dropped_by_the_next_writer_that_restores(
+        self, open_backend: OpenBackend
+    ) -> None:
+        """A trainer acknowledges from its training record: its journal never learned the rollout's
+        slots, so it tombstones the slots and leaves the blocks. A writer's restore finds them named by
+        nothing (``RestorePlan.orphans``) and drops them; a reader's leaves them be."""
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as runner:
+            for turn, state in enumerate(_growing_states(2)):
+                runner.append_sync(
+                    [turn_done("grow", turn + 1, turn=turn + 1)], _blocked_draft("grow", turn + 1, state)
+                )
+            runner.append_sync(
+                [RolloutFinished(header("grow", 3), 1.0, 3, "{}")],
+                SnapshotDraft(header("grow", 3), "finished", 3, b"done"),
+            )
+            runner.append_sync([turn_done("keep", 1)], _blocked_draft("keep", 1, _growing_states(1)[0]))
+        with Journal(open_backend()) as trainer:
+            trainer.acknowledge(RolloutAcknowledged(header("grow", 4), "trainer")).result()
+            assert _live_blocks(trainer, "grow"), "the trainer knew the blocks after all: nothing to test"
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as writer:
+            plan = load_rollouts(writer)
+            assert {r.key.split(BLOCK_MARK)[0] for r in plan.orphans} == {"grow"}
+            writer.discard(plan.orphans).result()
+            assert _live_blocks(writer, "grow") == []
+            assert writer.snapshots().snapshots["keep"].state == _growing_states(1)[0].data  # another's blocks stay
+            assert load_rollouts(writer).orphans == []
 
     def test_a_writer_that_restored_a_blocked_rollout_reuses_its_blocks_and_acknowledgement_drops_them(
         self, open_backend: OpenBackend
