@@ -29,7 +29,8 @@ def snapshot_of(
     status = "finished" if state.finished else "given_up" if state.given_up else RUNNING  # any but RUNNING: final
     exported = state.with_exports(resource_states)
     header = state.header(writer)
-    if block_bytes and (4 * len(state.head_tokens) >= block_bytes or _text_bytes(state) >= block_bytes):
+    closed = len(state.lineage.closed_ids) if state.lineage is not None else 0
+    if block_bytes and (4 * max(len(state.head_tokens), closed) >= block_bytes or _text_bytes(state) >= block_bytes):
         data, stable = exported.to_sections()
         return SnapshotDraft(header, status, covers_seq, data, stable=stable)
     return SnapshotDraft(header, status, covers_seq, exported.to_bytes())

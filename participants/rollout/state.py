@@ -74,7 +74,8 @@ _STATE_LENGTHS = struct.Struct("<III")  # the JSON document's, the token ids', t
 # The layout for snapshots written in blocks (to_sections) ends with its lengths and this magic:
 # its growing sections come first, so that their blocks stay the same from one snapshot to the next.
 SECTIONS_MAGIC = b"RJS\x02"
-_SECTIONS_TRAILER = struct.Struct("<IIII4s")  # token ids', logprobs', messages', compressed document's lengths
+# The lengths of the token ids, logprobs, messages, closed sequences' ids and logprobs, compressed document.
+_SECTIONS_TRAILER = struct.Struct("<IIIIII4s")
 
 
 def full_prompt(head_tokens: np.ndarray, call: ModelCall) -> np.ndarray:
@@ -397,17 +398,25 @@ class RolloutState(RolloutProgress):
             _STATE_LENGTHS.pack(len(text), len(tokens), len(logprobs)) + text + tokens + logprobs, 1
         )
 
-    def to_sections(self) -> tuple[bytes, tuple[int, int, int]]:
+    def to_sections(self) -> tuple[bytes, tuple[int, ...]]:
         """The state laid out for a snapshot written in blocks (``SnapshotDraft.stable``): the head's
-        token ids, its logprobs (raw little-endian arrays) and the conversation (a JSON line per
-        message), the three sections that only grow from one turn to the next, then zlib of the
-        rest of the document, then ``_SECTIONS_TRAILER`` (the four lengths and ``SECTIONS_MAGIC``).
-        The bytes, and the lengths of the three growing sections."""
+        token ids, its logprobs (raw little-endian arrays), the conversation (a JSON line per
+        message) and the closed sequences' ids and logprobs (``history_policy: new_sequence``), the
+        five sections that only grow from one turn to the next, then zlib of the rest of the
+        document, then ``_SECTIONS_TRAILER`` (the six lengths and ``SECTIONS_MAGIC``). The bytes,
+        and the lengths of the five growing sections."""
         doc, tokens, logprobs = self._document()
         messages = b"".join(json.dumps(_message_doc(m), separators=(",", ":")).encode() + b"\n" for m in self.messages)
+        closed_ids = closed_logprobs = b""
+        closed = doc.get("closed")
+        if closed is not None and self.lineage is not None:  # raw, in sections, instead of inside the document
+            del closed["ids"], closed["logprobs"]
+            closed_ids = self.lineage.closed_ids.astype("<i4").tobytes()
+            closed_logprobs = self.lineage.closed_logprobs.astype("<f4").tobytes()
         rest = zlib.compress(json.dumps(doc, separators=(",", ":")).encode(), 1)
-        trailer = _SECTIONS_TRAILER.pack(len(tokens), len(logprobs), len(messages), len(rest), SECTIONS_MAGIC)
-        return tokens + logprobs + messages + rest + trailer, (len(tokens), len(logprobs), len(messages))
+        stable = (len(tokens), len(logprobs), len(messages), len(closed_ids), len(closed_logprobs))
+        trailer = _SECTIONS_TRAILER.pack(*stable, len(rest), SECTIONS_MAGIC)
+        return tokens + logprobs + messages + closed_ids + closed_logprobs + rest + trailer, stable
 
     def _document(self) -> tuple[dict[str, Any], bytes, bytes]:
         """The snapshot's document without its messages, the head's token ids and its logprobs."""
@@ -510,7 +519,7 @@ class RolloutState(RolloutProgress):
                 [TokenSegment(*g) for g in doc["lineage"]],
                 logprobs,
                 np.asarray(closed["ids"], dtype=np.int32) if closed else None,
-                np.frombuffer(base64.b64decode(closed["logprobs"]), dtype="<f4").copy() if closed else None,
+                np.frombuffer(_raw(closed["logprobs"]), dtype="<f4").copy() if closed else None,
                 [TokenSegment(*g) for g in closed["segments"]] if closed else None,
                 closed["starts"] if closed else None,
             )
@@ -622,19 +631,28 @@ def _unpacked(payload: bytes) -> tuple[dict[str, Any], bytes, bytes]:
 
 
 def _sections(data: bytes) -> tuple[dict[str, Any], bytes, bytes] | None:
-    """The document (its messages back in it), token ids and logprobs of a :meth:`RolloutState.to_sections`
-    state; None for another layout (an earlier one never ends with a trailer whose lengths add up);
-    ValueError if its document does not read."""
+    """The document (its messages and closed sequences back in it), token ids and logprobs of a
+    :meth:`RolloutState.to_sections` state; None for another layout (an earlier one never ends
+    with a trailer whose lengths add up); ValueError if its document does not read."""
     size = _SECTIONS_TRAILER.size
     if len(data) < size or data[-4:] != SECTIONS_MAGIC:
         return None
-    tokens, logprobs, messages, rest, _ = _SECTIONS_TRAILER.unpack_from(data, len(data) - size)
-    if tokens + logprobs + messages + rest + size != len(data) or tokens % 4 or logprobs % 4:
+    *lengths, rest, _ = _SECTIONS_TRAILER.unpack_from(data, len(data) - size)
+    if sum(lengths) + rest + size != len(data) or any(n % 4 for i, n in enumerate(lengths) if i != 2):
         return None
-    at = tokens + logprobs
-    doc = _document(zlib.decompress(data[at + messages : at + messages + rest]))
-    doc["messages"] = [json.loads(line) for line in data[at : at + messages].split(b"\n")[:-1]]
-    return doc, data[:tokens], data[tokens:at]
+    starts = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
+    tokens, logprobs, messages, closed_ids, closed_logprobs = (data[a:b] for a, b in zip(starts, starts[1:]))
+    doc = _document(zlib.decompress(data[starts[-1] : starts[-1] + rest]))
+    doc["messages"] = [json.loads(line) for line in messages.split(b"\n")[:-1]]
+    if "closed" in doc:
+        doc["closed"]["ids"] = np.frombuffer(closed_ids, dtype="<i4").copy()
+        doc["closed"]["logprobs"] = closed_logprobs
+    return doc, tokens, logprobs
+
+
+def _raw(array: bytes | str) -> bytes:
+    """A packed array as a document holds it: base64 text (``to_bytes``), or raw (``to_sections``)."""
+    return array if isinstance(array, bytes) else base64.b64decode(array)
 
 
 def _document(text: bytes) -> dict[str, Any]:

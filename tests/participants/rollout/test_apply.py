@@ -521,6 +521,9 @@ def test_a_new_sequence_call_closes_the_heads_sequence_and_the_record_keeps_both
     assert record.logprobs.tolist() == [0, 0, -0.5, 0, 0, -0.25]
     assert record.sequence_starts.tolist() == [3] and record.new_sequences == 1
     assert_same_state(state, RolloutState.from_bytes(state.to_bytes()))  # the closed sequence survives a snapshot
+    data, stable = state.to_sections()  # and a snapshot in blocks, where its arrays are sections of their own
+    assert stable[3:] == (4 * 3, 4 * 3)
+    assert_same_state(state, RolloutState.from_bytes(data))
 
 
 def test_a_first_call_marked_new_sequence_closes_nothing() -> None:
@@ -724,7 +727,8 @@ def test_a_state_in_sections_reads_back_whole_and_each_section_only_grows() -> N
     assert_same_state(state, RolloutState.from_bytes(later))
     for i, (was, now) in enumerate(zip(stable, grown, strict=True)):
         before, after = sum(stable[:i]), sum(grown[:i])
-        assert now > was and later[after : after + was] == data[before : before + was], f"section {i}"
+        assert now >= was and later[after : after + was] == data[before : before + was], f"section {i}"
+    assert all(now > was for was, now in zip(stable[:3], grown[:3], strict=True))  # head, logprobs, conversation
 
 
 def test_a_snapshot_is_in_sections_once_a_section_fills_a_block_and_never_without_blocks() -> None:
