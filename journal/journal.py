@@ -55,6 +55,7 @@ from rollout_journal.journal.snapshots import (
     SnapshotIndex,
     SnapshotSlots,
     bucket_records,
+    check_stable,
     fence_record,
     load_snapshots,
     snapshot_records,
@@ -239,6 +240,8 @@ class Journal:
         the epoch this journal knows for its rollout, ``OversizedEventError`` if
         an event encodes to more than ``max_event_bytes``.
         """
+        if snapshot is not None:  # first too: a bad draft fails its own append, never the committer's batch
+            check_stable(snapshot)
         encoded: list[OutRecord] = []
         for event in events:  # first: an event too large even in pieces fails this append before anything changes
             rollout_id, value = event.header.rollout_id, self.codec.encode(event)

@@ -322,12 +322,21 @@ def snapshot_records(
     return records, SnapshotSlots(slot, tuple(blobs), tuple(blocks))
 
 
+def check_stable(draft: SnapshotDraft) -> None:
+    """ValueError naming the rollout if ``draft``'s stable sections do not fit its state: raised to
+    the appender, before the committer builds a batch (where it would stop the journal)."""
+    if sum(draft.stable) > len(draft.state) or any(length < 0 for length in draft.stable):
+        raise ValueError(
+            f"snapshot of rollout {draft.header.rollout_id}: stable sections {draft.stable} do not fit "
+            f"a state of {len(draft.state)} bytes"
+        )
+
+
 def _blocks(state: bytes, stable: tuple[int, ...], block_bytes: int) -> tuple[list[bytes], bytes]:
-    """``state``'s stable sections cut into blocks (each from its own start; a section's last, shorter
-    piece is a block too, since the next section's follow it), and the bytes after them. None at
-    all while no section fills one block: a small state stays one record, as before blocks."""
-    if sum(stable) > len(state) or any(length < 0 for length in stable):
-        raise ValueError(f"stable sections {stable} do not fit a state of {len(state)} bytes")
+    """``state``'s stable sections (checked: :func:`check_stable`) cut into blocks (each from its own
+    start; a section's last, shorter piece is a block too, since the next section's follow it), and
+    the bytes after them. None at all while no section fills one block: a small state stays one
+    record, as before blocks."""
     if not any(length >= block_bytes for length in stable):
         return [], state
     pieces: list[bytes] = []
@@ -607,9 +616,11 @@ class _BlockReader:
         """Block ``index`` (``sha``) of the snapshot at ``snapshot``; ``CorruptRecordError`` naming
         it when it is missing, not a ``BlobChunk`` or not what its digest says."""
         key = block_key(rollout_id, sha)
+        if key not in self._records:  # named here, for this snapshot: never a cached message of another's
+            raise CorruptRecordError(snapshot.location, f"snapshot lacks its block {index} ({sha[:12]})")
         found = self._read.get(key)
         if found is None:
-            found = self._read[key] = self._decoded(key, sha, index, snapshot)
+            found = self._read[key] = self._decoded(key, sha)
         if isinstance(found, CorruptRecordError):
             raise found
         return found
@@ -624,10 +635,8 @@ class _BlockReader:
         except CorruptRecordError:
             return False
 
-    def _decoded(self, key: str, sha: str, index: int, snapshot: StoredRecord) -> bytes | CorruptRecordError:
-        stored = self._records.get(key)
-        if stored is None:
-            return CorruptRecordError(snapshot.location, f"snapshot lacks its block {index} ({sha[:12]})")
+    def _decoded(self, key: str, sha: str) -> bytes | CorruptRecordError:
+        stored = self._records[key]
         try:
             block = _decode(self._codec, stored)
         except CorruptRecordError as exc:

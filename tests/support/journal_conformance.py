@@ -268,6 +268,15 @@ class JournalConformance:
             # A third and fourth snapshot overwrote the slots: what only those older values named is gone.
             assert set(_live_blocks(journal, "grow")) == _named(journal, "grow")
 
+    def test_a_draft_whose_sections_do_not_fit_fails_its_own_append_only(self, open_backend: OpenBackend) -> None:
+        with Journal(open_backend(), snapshot_block_bytes=BLOCK) as journal:
+            bad = SnapshotDraft(header("bad", 1), "running", 1, b"short", stable=(BLOCK,))
+            with pytest.raises(ValueError, match="rollout bad: stable sections"):
+                journal.append([started("bad", 0)], bad)
+            state = _growing_states(1)[0]
+            journal.append_sync([started("grow", 0)], _blocked_draft("grow", 0, state))  # the journal goes on
+            assert journal.snapshots().snapshots["grow"].state == state.data
+
     def test_a_snapshot_missing_a_block_falls_back_to_the_previous_one(self, open_backend: OpenBackend) -> None:
         with Journal(open_backend(), snapshot_block_bytes=BLOCK) as journal:
             older, newer = _growing_states(2)
