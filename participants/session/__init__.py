@@ -16,11 +16,11 @@ from rollout_journal.participants.session.api import (
     RolloutRef,
     RolloutSession,
     SessionFactory,
+    StateRequest,
     ToolAnswer,
     ToolContext,
     ToolOutcome,
     ToolRequest,
-    durable,
 )
 from rollout_journal.participants.session.chat import (
     ChatAnswer,
@@ -50,7 +50,9 @@ from rollout_journal.participants.session.ownership import (
     RolloutOwnership,
     Route,
     SingleWriter,
+    Unrouted,
 )
+from rollout_journal.participants.session.sinks import JournalSink, NullSink, TurnSink, durable
 
 __all__ = [
     "ChatAnswer",
@@ -58,12 +60,14 @@ __all__ = [
     "EffectNotDurableError",
     "GroupOwnership",
     "HistoryMismatchError",
+    "JournalSink",
     "Local",
     "ModelAnswer",
     "ModelRequest",
     "Moving",
     "NondeterminismError",
     "NotOwnerError",
+    "NullSink",
     "OwnerMovingError",
     "PromptBuilder",
     "Redrive",
@@ -77,7 +81,10 @@ __all__ = [
     "Route",
     "SessionError",
     "SessionFactory",
+    "StateRequest",
     "SingleWriter",
+    "TurnSink",
+    "Unrouted",
     "StaleAttemptError",
     "TemplatePrompts",
     "ToolAnswer",

@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -80,6 +80,7 @@ from rollout_journal.participants.session.errors import (
     StaleAttemptError,
 )
 from rollout_journal.participants.session.ownership import Local, Moving, RolloutOwnership, SingleWriter
+from rollout_journal.participants.session.sinks import JournalSink, TurnSink, durable
 
 __all__ = [
     "ModelAnswer",
@@ -87,6 +88,7 @@ __all__ = [
     "RolloutRef",
     "RolloutSession",
     "SessionFactory",
+    "StateRequest",
     "TokenChunk",
     "ToolAnswer",
     "ToolContext",
@@ -118,22 +120,56 @@ class RolloutRef:
 class ModelRequest:
     """One model call, token ids in. ``prompt_ids`` is the whole prompt (the journal keeps its delta
     against the parent call): the parent's prompt and sampled ids, then the new tokens, or else it
-    starts a new sequence (:func:`session_prompt`); ``describe`` a short summary for error messages."""
+    starts a new sequence (:func:`session_prompt`); ``describe`` a short summary for error messages.
+    ``layout``: the same ids as a :class:`Prompt` that says how they continue the head, for a caller
+    whose prompt builder knows more than the ids show (a chat template's end-of-turn splice, a new
+    sequence on purpose); None: :func:`session_prompt` reads it from the ids."""
 
     prompt_ids: np.ndarray
     params: SamplingParams
     constraint: TokenConstraint | None = None
     describe: str = ""
+    layout: Prompt | None = None
+
+    @classmethod
+    def of(
+        cls, prompt: Prompt, params: SamplingParams, constraint: TokenConstraint | None, describe: str = ""
+    ) -> ModelRequest:
+        """A request for ``prompt`` as its builder laid it out."""
+        return cls(prompt.ids, params, constraint, describe, prompt)
 
     def digest(self) -> str:
         choices = getattr(self.constraint, "choices", None)
         return model_digest(self.prompt_ids, self.params, canonical_json(list(choices)) if choices else "")
 
     def summary(self) -> RequestSummary:
-        what = self.describe or "model call"
+        what = self.describe or "call"
         return RequestSummary(
             MODEL, self.digest(), f"{what}, prompt {len(self.prompt_ids)} tokens, {sampling_json(self.params)}"
         )
+
+
+@dataclass(frozen=True)
+class StateRequest:
+    """A model call whose prompt its caller derives from the rollout's state (the project's Agent:
+    the conversation and the lineage head as the journal folded them). The prompt is built only when
+    the call goes live: a call the journal holds at the cursor has already moved the state's head past
+    its own prompt, so there it cannot be asked again, and the journaled call is checked by its
+    sampling parameters alone (the prompt is the journal's by construction); ``checked=False``
+    takes it as is (a resume that changed the sampling on purpose keeps what its turn under way
+    already sampled)."""
+
+    params: SamplingParams
+    prompt: Callable[[], Prompt]
+    constraint: TokenConstraint | None = None
+    describe: str = ""
+    checked: bool = True
+
+    def request(self) -> ModelRequest:
+        return ModelRequest.of(self.prompt(), self.params, self.constraint, self.describe)
+
+    def summary(self) -> RequestSummary:
+        return RequestSummary(MODEL, "", f"{self.describe or 'call'}, {sampling_json(self.params)}")
 
 
 @dataclass(frozen=True)
@@ -200,13 +236,6 @@ class ToolAnswer:
 ToolRunner = Callable[[ToolContext], Awaitable[ToolOutcome]]
 
 
-async def durable(future: Future[Any]) -> object:
-    """The result of a journal future, awaited without blocking the event loop."""
-    if not future.done():
-        await asyncio.wrap_future(future)
-    return future.result()
-
-
 def session_prompt(state: RolloutState, prompt_ids: np.ndarray) -> Prompt:
     """How an agent's whole prompt continues the rollout's head (token-in-token-out, issue 16): the
     first prompt, or one that starts with the whole head (what was sampled, never re-tokenized), or
@@ -249,7 +278,9 @@ class RolloutSession:
         self._lock = asyncio.Lock()
         self._stale: StaleAttemptError | None = None
         self._broken: BaseException | None = None
-        self._pending: list[Future[Any]] = []  # appends not yet known durable (turn ends, progress marks)
+        # appends not yet known durable, oldest first, each with the turn it ends (None: none ends there)
+        self._pending: deque[tuple[Future[Any], int | None]] = deque()
+        self.held: list[RolloutEvent] = []  # applied to the state, not yet handed to the journal
         self._turns_since_snapshot = 0
         self._effect: asyncio.Task[Any] | None = None  # the task making an effect now (cancelled when fenced)
         self._fence_cancelled: asyncio.Task[Any] | None = None  # the effect a fence cancelled (see _one_effect)
@@ -326,7 +357,9 @@ class RolloutSession:
         }
 
     # -- effects ----------------------------------------------------------------------
-    async def model_call(self, request: ModelRequest, *, on_tokens: TokenSink | None = None) -> ModelAnswer:
+    async def model_call(
+        self, request: ModelRequest | StateRequest, *, on_tokens: TokenSink | None = None
+    ) -> ModelAnswer:
         """The model call at the cursor: from the journal if it holds it (digest checked), else live;
         the answer is durable before this returns."""
         return await self._one_effect(self._model_call(request, on_tokens))
@@ -353,21 +386,32 @@ class RolloutSession:
             finally:
                 self._effect = self._fence_cancelled = None
 
-    async def _model_call(self, request: ModelRequest, on_tokens: TokenSink | None) -> ModelAnswer:
+    async def _model_call(self, asked: ModelRequest | StateRequest, on_tokens: TokenSink | None) -> ModelAnswer:
         self._check_usable()
         state, (turn, step) = self.state, self.position
         entry = state.effects.at(turn, step)
         if entry is not None:
-            self._check_same(entry, MODEL, request.summary(), lambda: self._first_model_difference(entry, request))
+            if isinstance(asked, StateRequest):
+                self._check_sampling(entry, asked)
+                prompt_ids = np.zeros(0, dtype=np.int32)  # the journal's (see StateRequest)
+            else:
+                self._check_same(entry, MODEL, asked.summary(), lambda: self._first_model_difference(entry, asked))
+                prompt_ids = asked.prompt_ids
             ids, logprobs = entry.answer
             self._advance(model=True, replayed=True)
             self.replayed_calls += 1
             answer = ModelAnswer(
-                entry.ref, ids, logprobs, entry.finish_reason, request.prompt_ids, (turn, step), True, ts_ms=entry.ts_ms
+                entry.ref, ids, logprobs, entry.finish_reason, prompt_ids, (turn, step), True, ts_ms=entry.ts_ms
             )
             if on_tokens is not None and len(ids):
                 await on_tokens(TokenChunk(ids, logprobs))
             return answer
+        unlogged = None if state.effects.known else state.journaled_call(self.model_index)
+        if unlogged is not None:  # a state restored from a snapshot older than the effect log: the journal's, unchecked
+            self._advance(model=True, replayed=True)
+            self.replayed_calls += 1
+            return _answer_of(unlogged, np.zeros(0, dtype=np.int32), (turn, step), replayed=True)
+        request = asked.request() if isinstance(asked, StateRequest) else asked
         summary = request.summary()  # its digest is journaled with the call: hashed once
         self._check_live(summary)
         call_index = self.model_index
@@ -378,7 +422,7 @@ class RolloutSession:
         continued = len(partial.output_ids) if partial is not None else 0
         result = await config.model.call(
             state,
-            session_prompt(state, request.prompt_ids),
+            request.layout if request.layout is not None else session_prompt(state, request.prompt_ids),
             request.params,
             request.constraint,
             call_id,
@@ -396,21 +440,20 @@ class RolloutSession:
                 f"rollout {self.rollout_id}: call {call_id} is journaled but not in the effect log; reopen the rollout"
             )
         event = result.event
-        self._apply_and_send([event], what=f"model call {call_id}")
-        await self._settle(f"model call {call_id}")
+        if config.durable_answers:
+            self._apply_and_send([event], what=f"model call {call_id}")
+            await self._settle(f"model call {call_id}")
+        else:  # the caller makes it durable with its turn (see ``commit``)
+            self.hold(event)
         self._advance(model=True)
         self.live_calls += 1
-        return ModelAnswer(
-            call_id,
-            np.asarray(event.output_ids, dtype=np.int32),
-            np.asarray(event.logprobs, dtype=np.float32),
-            event.finish_reason,
+        return _answer_of(
+            event,
             request.prompt_ids,
             (turn, step),
             replayed=False,
             continued_from=continued,
             new_tokens=result.new_tokens,
-            ts_ms=event.header.ts_ms,
         )
 
     async def _tool_call(self, request: ToolRequest, run: ToolRunner) -> ToolAnswer:
@@ -466,13 +509,18 @@ class RolloutSession:
             self._check_usable()
             self._end_turn(messages, actions, reward)
 
-    def _end_turn(
-        self, messages: Sequence[Message], actions: Sequence[str], reward: float | None, *, final: bool = False
-    ) -> list[RolloutEvent]:
+    def end_turn_with(self, event: TurnCompleted) -> TurnCompleted:
+        """End the turn at the cursor with the caller's own ``TurnCompleted`` (its environment's
+        revisions, its actions), held for the next :meth:`commit`; the same checks as :meth:`end_turn`."""
+        self._check_usable()
+        self._check_turn_over()
+        self.hold(event)
+        self.turn, self.step, self.model_index = self.turn + 1, 0, 0
+        return event
+
+    def _check_turn_over(self) -> None:
+        """The turn at the cursor may end: the journal holds no more of its effects, and it is not committed."""
         state, turn = self.state, self.turn
-        if turn < state.next_turn:  # committed: a re-driven agent passing it again
-            self.turn, self.step, self.model_index = turn + 1, 0, 0
-            return []
         leftover = state.effects.at(turn, self.step)
         if leftover is not None:
             raise NondeterminismError(
@@ -487,6 +535,15 @@ class RolloutSession:
                 leftover.attempt,
             )
         self._check_live(RequestSummary("turn end", "", f"end of turn {turn}"))
+
+    def _end_turn(
+        self, messages: Sequence[Message], actions: Sequence[str], reward: float | None, *, final: bool = False
+    ) -> list[RolloutEvent]:
+        state, turn = self.state, self.turn
+        if turn < state.next_turn:  # committed: a re-driven agent passing it again
+            self.turn, self.step, self.model_index = turn + 1, 0, 0
+            return []
+        self._check_turn_over()
         effects = state.effects.in_turn(turn)
         call_ids = [e.ref for e in effects if e.kind == MODEL]
         event = TurnCompleted(
@@ -512,18 +569,14 @@ class RolloutSession:
             if state.finished:
                 return None
             self._check_live(RequestSummary("finish", "", f"finish with reward {reward}"))
-            events: list[RolloutEvent] = []
             if state.effects.in_turn(self.turn) or messages:  # the turn under way ends with the rollout
                 for event in self._end_turn(messages, (), reward, final=True):
-                    state.apply(event)
-                    events.append(event)
+                    self.hold(event)
             header = state.header(self.factory.writer)
             done = {"reward": reward, "turns": state.next_turn, **dict(outcome or {})}
-            finished = RolloutFinished(header, float(reward), state.next_turn, json.dumps(done))
-            state.apply(finished)
-            events.append(finished)
+            finished = self.hold(RolloutFinished(header, float(reward), state.next_turn, json.dumps(done)))
             result = state.training_record(finished.header, self.ref.group_size) if state.lineage is not None else None
-            self._send(events, what="the rollout's finish", snapshot=True, result=result)
+            self._send(what="the rollout's finish", snapshot=True, result=result)
             await self._settle("the rollout's finish")
             self.factory.finished(self.rollout_id)
             return result
@@ -550,10 +603,9 @@ class RolloutSession:
             state = self.state
             if state.terminal:
                 return None
-            event = RolloutGivenUp(state.header(self.factory.writer), state.failures, error, reason)
-            state.apply(event)
+            event = self.hold(RolloutGivenUp(state.header(self.factory.writer), state.failures, error, reason))
             result = state.given_up_record(event.header, self.ref.group_size, group_policy)
-            self._send([event], what="the rollout's give-up", snapshot=True, result=result)
+            self._send(what="the rollout's give-up", snapshot=True, result=result)
             await self._settle("the rollout's give-up")
             self.factory.finished(self.rollout_id)
             return result
@@ -610,6 +662,21 @@ class RolloutSession:
             self.rollout_id, self.attempt, self.epoch, self.position, journaled, now, what, entry.ref, entry.attempt
         )
 
+    def _check_sampling(self, entry: Effect, asked: StateRequest) -> None:
+        sampling = sampling_json(asked.params)
+        if entry.kind == MODEL and (entry.sampling == sampling or not asked.checked):
+            return
+        journaled = RequestSummary(entry.kind, entry.digest, _describe(entry))
+        what = (
+            f"journaled a {entry.kind} call, now a {MODEL} call"
+            if entry.kind != MODEL
+            else f"sampling (journaled {entry.sampling}, now {sampling})"
+        )
+        raise NondeterminismError(
+            self.rollout_id, self.attempt, self.epoch, self.position, journaled, asked.summary(), what, entry.ref,
+            entry.attempt,
+        )  # fmt: skip
+
     def _first_model_difference(self, entry: Effect, request: ModelRequest) -> str:
         now = np.asarray(request.prompt_ids)
         then = self._journaled_prompt(entry)
@@ -629,8 +696,11 @@ class RolloutSession:
         """The whole prompt of a journaled call, read back from the journal (an error's detail only:
         the effect log keeps its digest, not its ids)."""
         folded = RolloutState(self.rollout_id, self.ref.group)
+        journal = self.factory.journal
+        if journal is None:
+            return None
         try:
-            for item in self.factory.journal.read_rollout(self.rollout_id):
+            for item in journal.read_rollout(self.rollout_id):
                 event = item.event
                 if isinstance(event, ModelCall) and event.call_id == entry.ref:
                     return full_prompt(folded.head_tokens, event)
@@ -639,39 +709,76 @@ class RolloutSession:
             log.warning("rollout %s: could not read call %s back: %s", self.rollout_id, entry.ref, exc)
         return None
 
+    # -- a client that builds its turns' events itself (the project's Agent) ---------------
+    def hold(self, event: RolloutEvent) -> RolloutEvent:
+        """Apply ``event`` to the rollout's state and hold it for the next :meth:`commit`."""
+        self.state.apply(event)
+        self.held.append(event)
+        return event
+
+    def hold_applied(self, events: Sequence[RolloutEvent]) -> None:
+        """Hold events the state has applied already (an attempt's start builds and applies its own)."""
+        self.held.extend(events)
+
+    def commit(
+        self, snapshot: SnapshotDraft | None = None, result: TrainingRecord | None = None, *, turn: int | None = None
+    ) -> Future[Any]:
+        """Hand every held event (with ``snapshot`` and ``result``) to the journal in one append, without
+        waiting (:meth:`settle` waits; the journal commits appends in order, so a later one is never
+        durable without an earlier one); ``turn``: the turn this append ends. Errors are the journal's own."""
+        future = self.factory.sink.submit(self.held, snapshot, result)
+        self.held = []  # handed to the journal: a failure from here on journals nothing of it twice
+        self._pending.append((future, turn))
+        return future
+
+    async def settle(self, keep: int = 0, on_durable: Callable[[int], None] | None = None) -> None:
+        """Wait (oldest first) until at most ``keep`` appends are not yet durable, calling
+        ``on_durable(turn)`` for each durable one that ended a turn. Errors are the journal's own."""
+        while len(self._pending) > keep:
+            future, turn = self._pending[0]
+            await durable(future)
+            self._pending.popleft()
+            if turn is not None and on_durable is not None:
+                on_durable(turn)
+
+    def carry_over(self, older: RolloutSession) -> None:
+        """Take over what ``older`` (this rollout's previous attempt in this process) held and had
+        not yet seen durable: its appends are this one's to wait for."""
+        self.held, older.held = [*older.held, *self.held], []
+        self._pending.extendleft(reversed(older._pending))
+        older._pending.clear()
+
+    # -- inside: appends ---------------------------------------------------------------
     def _progress(self, event: ModelCallProgress) -> None:
         self._check_usable()  # a fenced attempt's mark is refused before it touches the state
-        self.state.apply(event)
-        future = self.factory.journal.append([event])
+        self.hold(event)
+        # The turn's held events go first (their seqs come first): a reasoning call before a
+        # free-form action is still held when the action marks progress.
+        future = self.commit()
         if isinstance(future, CommitFuture):
             future.hasten()  # a mark still lingering when the process dies is lost: commit it now
-        self._pending.append(future)
 
     def _apply_and_send(self, events: list[RolloutEvent], *, what: str, snapshot: bool = False) -> None:
         for event in events:
-            self.state.apply(event)
-        self._send(events, what=what, snapshot=snapshot)
+            self.hold(event)
+        self._send(what=what, snapshot=snapshot)
 
-    def _send(
-        self, events: list[RolloutEvent], *, what: str, snapshot: bool = False, result: TrainingRecord | None = None
-    ) -> None:
-        """Hand applied events to the journal; any failure breaks the session (its state is ahead of
+    def _send(self, *, what: str, snapshot: bool = False, result: TrainingRecord | None = None) -> None:
+        """Hand the held events to the journal; any failure breaks the session (its state is ahead of
         the journal now: the factory reloads the rollout from the journal on the next open)."""
         draft = None
         if snapshot:
-            draft = snapshot_draft(self.state, self.factory.writer, self.factory.journal.snapshot_block_bytes)
+            draft = snapshot_draft(self.state, self.factory.writer, self.factory.sink.snapshot_block_bytes)
             self._turns_since_snapshot = 0
         try:
-            self._pending.append(self.factory.journal.append(events, draft, result))
+            self.commit(draft, result)
         except BaseException as exc:
             raise self._failed(what, exc) from exc
 
     async def _settle(self, what: str) -> None:
         """Wait until every append of this session is durable; a failed one breaks the session."""
         try:
-            while self._pending:
-                await durable(self._pending[0])
-                self._pending.pop(0)
+            await self.settle(0)
         except BaseException as exc:
             raise self._failed(what, exc) from exc
 
@@ -714,9 +821,33 @@ class RolloutSession:
         return head
 
 
+def _answer_of(
+    event: ModelCall,
+    prompt_ids: np.ndarray,
+    position: tuple[int, int],
+    *,
+    replayed: bool,
+    continued_from: int = 0,
+    new_tokens: int = 0,
+) -> ModelAnswer:
+    """A journaled (or just made) call as its answer."""
+    return ModelAnswer(
+        event.call_id,
+        np.asarray(event.output_ids, dtype=np.int32),
+        np.asarray(event.logprobs, dtype=np.float32),
+        event.finish_reason,
+        prompt_ids,
+        position,
+        replayed,
+        continued_from,
+        new_tokens,
+        event.header.ts_ms,
+    )
+
+
 def _describe(entry: Effect) -> str:
     if entry.kind == MODEL:
-        return f"model call, prompt {entry.prompt_len} tokens, {entry.sampling}"
+        return f"call, prompt {entry.prompt_len} tokens, {entry.sampling}"
     return f"{entry.resource_id.rsplit('/', 1)[-1]}.{entry.op}({entry.args_json[:200]})"
 
 
@@ -742,26 +873,42 @@ class SessionFactory:
     ``start()`` reads what the journal holds (the snapshot stream to its end, the events since each
     snapshot) once; after that this process is the only writer of the rollouts it owns, so its
     states are the journal's. ``open`` begins a new attempt (the fence) unless the rollout is
-    finished (a re-driven agent is then answered from the journal alone)."""
+    finished (a re-driven agent is then answered from the journal alone).
+
+    A client that restores and fences its rollouts itself (the project's runner) takes sessions
+    over states it started with :meth:`adopt` instead, and may run with no journal at all (its
+    overhead baseline: ``sink`` a :class:`NullSink`)."""
 
     def __init__(
         self,
-        journal: Journal,
+        journal: Journal | None,
         model: ModelParticipant,
         *,
         writer: str,
         ownership: RolloutOwnership | None = None,
+        sink: TurnSink | None = None,
+        durable_answers: bool = True,
         snapshot_every_turns: int = 4,
         progress_every_tokens: int = 0,
         progress_min_interval_ms: float = 0.0,
         keep_finished: int = 1024,
     ) -> None:
         """``keep_finished``: finished rollouts whose state stays in memory (the oldest beyond are
-        read back from the journal if a re-driven agent asks for them again)."""
+        read back from the journal if a re-driven agent asks for them again). ``sink``: where appends
+        go (default: the journal). ``durable_answers``: a live model call's answer is durable before the
+        agent sees it; False leaves it held for the agent's own :meth:`RolloutSession.commit` (an
+        agent whose redone turn asks the same calls again, and gets the same answers: the project's
+        Agent on a bit-deterministic backend)."""
+        if journal is None and (sink is None or ownership is None):
+            raise ValueError("a session factory without a journal needs a sink and an ownership")
         self.journal = journal
+        self.sink: TurnSink = sink if sink is not None else JournalSink(self._journal_of(journal))
+        self.durable_answers = durable_answers
         self.model = model
         self.writer = writer
-        self.ownership: RolloutOwnership = ownership if ownership is not None else SingleWriter(journal)
+        self.ownership: RolloutOwnership = (
+            ownership if ownership is not None else SingleWriter(self._journal_of(journal))
+        )
         self.snapshot_every_turns = max(1, snapshot_every_turns)
         self.progress_every_tokens = progress_every_tokens
         self.progress_min_interval_ms = progress_min_interval_ms
@@ -774,11 +921,31 @@ class SessionFactory:
         self.ownership.on_lost(self._lost)
         self.ownership.on_taken(self._taken)
 
+    @staticmethod
+    def _journal_of(journal: Journal | None) -> Journal:
+        if journal is None:
+            raise ValueError("this session factory has no journal (its sessions are adopted; none is opened)")
+        return journal
+
+    @property
+    def journaled(self) -> Journal:
+        """The journal (a factory without one opens no session and reads nothing back)."""
+        return self._journal_of(self.journal)
+
+    def adopt(self, ref: RolloutRef, state: RolloutState) -> RolloutSession:
+        """A session over ``state``, whose current attempt the caller restored, started and journaled
+        itself (the project's runner: its restore rebuilds environments too). The session is not this
+        factory's to route or fence (the caller's ownership decides); its cursor stands at the turn
+        under way, and the effects journaled there replay."""
+        session = RolloutSession(self, ref, state, writes=not state.terminal)
+        session.fast_forward()
+        return session
+
     def start(self) -> None:
         """Read the rollouts the journal holds (blocking: call it before serving). Under an ownership
         of some partitions only, nothing: each partition's rollouts arrive as it is taken."""
         if self.ownership.whole_namespace:
-            plan = load_rollouts(self.journal)
+            plan = load_rollouts(self.journaled)
             for rollout_id, history in plan.rollouts.items():
                 self._known[rollout_id] = _Known(history=history)
             self._acknowledged = set(plan.acknowledged)
@@ -795,7 +962,7 @@ class SessionFactory:
         if known is None:
             return None
         if known.reload:
-            history = reload_one(self.journal, rollout_id)
+            history = reload_one(self.journaled, rollout_id)
             if history is None:
                 del self._known[rollout_id]
                 return None
@@ -808,7 +975,7 @@ class SessionFactory:
 
     def _fold(self, history: RolloutHistory) -> RolloutState:
         # a snapshot an older version wrote keeps no effect log: then from the rollout's first event
-        return trusted_restore(self.journal, history, needs_effects=True)[1]
+        return trusted_restore(self.journaled, history, needs_effects=True)[1]
 
     async def open(
         self,
@@ -851,10 +1018,10 @@ class SessionFactory:
         events = self._start_attempt(ref, state, reason, restart_from_zero or new, messages, run)
         session = RolloutSession(self, ref, state, writes=True)
         draft = (
-            snapshot_draft(state, self.writer, self.journal.snapshot_block_bytes) if new else None
+            snapshot_draft(state, self.writer, self.sink.snapshot_block_bytes) if new else None
         )  # registers it in the compacted stream
         try:
-            await durable(self.journal.append(events, draft))
+            await durable(self.sink.submit(events, draft))
         except BaseException as exc:
             self.forget(rollout_id, None)
             if writer_fenced(exc) and isinstance(self.ownership, SingleWriter):
@@ -913,12 +1080,12 @@ class SessionFactory:
         effect under way cancelled) and what it knew of their rollouts forgotten; the next owner
         restores them from the journal."""
         for rollout_id, session in list(self.sessions.items()):
-            if self.journal.partition_of(rollout_id) in partitions:
+            if self.journaled.partition_of(rollout_id) in partitions:
                 session.fence(session.state.next_epoch, by="the owner that took its partition")
                 del self.sessions[rollout_id]
-        for rollout_id in [r for r in self._known if self.journal.partition_of(r) in partitions]:
+        for rollout_id in [r for r in self._known if self.journaled.partition_of(r) in partitions]:
             del self._known[rollout_id]
-        self._acknowledged = {r for r in self._acknowledged if self.journal.partition_of(r) not in partitions}
+        self._acknowledged = {r for r in self._acknowledged if self.journaled.partition_of(r) not in partitions}
 
     def _taken(self, partition: int, plan: RestorePlan) -> None:
         """This process took ``partition``: its rollouts are what ``plan`` read from the journal."""

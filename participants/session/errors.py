@@ -38,6 +38,12 @@ class RequestSummary:
     def as_json(self) -> dict[str, str]:
         return {"kind": self.kind, "digest": self.digest, "describe": self.describe}
 
+    @property
+    def spelled(self) -> str:
+        """How a message names it: the description, then the digest when there is one (a request
+        whose prompt was not built has none)."""
+        return f"{self.describe} (digest {self.digest[:12]})" if self.digest else self.describe
+
 
 class NondeterminismError(SessionError):
     """A re-driven agent's effect at a position differs from the one the journal holds there
@@ -64,14 +70,13 @@ class NondeterminismError(SessionError):
                 f"rollout {rollout_id} attempt {attempt} (epoch {epoch}): {where} is past the end of committed "
                 f"turn {turn}; the journal holds no effect there."
             )
-            lines = [head, f"  this request: {now.describe} (digest {now.digest[:12]})"]
+            lines = [head, f"  this request: {now.spelled}"]
         else:
             head = f"rollout {rollout_id} attempt {attempt} (epoch {epoch}): {where} differs from the journal."
             lines = [
                 head,
-                f"  journaled (attempt {journaled_attempt}, {journaled_ref}): {journaled.kind} {journaled.describe} "
-                f"(digest {journaled.digest[:12]})",
-                f"  this request: {now.kind} {now.describe} (digest {now.digest[:12]})",
+                f"  journaled (attempt {journaled_attempt}, {journaled_ref}): {journaled.kind} {journaled.spelled}",
+                f"  this request: {now.kind} {now.spelled}",
             ]
         if first_difference:
             lines.append(f"  first difference: {first_difference}")

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-__all__ = ["GroupOwnership", "Local", "Moving", "Remote", "RolloutOwnership", "Route", "SingleWriter"]
+__all__ = ["GroupOwnership", "Local", "Moving", "Remote", "RolloutOwnership", "Route", "SingleWriter", "Unrouted"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +136,36 @@ class SingleWriter:
             every = set(range(self.journal.backend.partitions))
             for callback in self._lost:
                 callback(every)
+
+
+class Unrouted:
+    """The caller decides which rollouts this process writes (the project's runner: a fleet's worker
+    by the partitions its fleet gave it, a single process by its slot's producer), so every rollout
+    routes here; its sessions are adopted, never opened (see ``SessionFactory.adopt``)."""
+
+    whole_namespace = True
+
+    def route(self, rollout_id: str) -> Route:
+        return Local(-1)
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """Never called: the caller lets its rollouts go itself."""
+
+    def on_taken(self, callback: TakenCallback) -> None:
+        """Never called: the caller takes its rollouts itself."""
+
+    def start(self) -> None:
+        """Nothing to join."""
+
+    async def aclose(self) -> None:
+        """Nothing to leave."""
+
+    def describe(self) -> dict[str, object]:
+        return {"ownership": "the caller's"}
+
+    @property
+    def stopped(self) -> str | None:
+        return None
 
 
 class GroupOwnership:

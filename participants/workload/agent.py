@@ -9,6 +9,13 @@ by the token-in-token-out rule (:mod:`rollout_journal.participants.model.chat`):
 previous prompt, the ids the model sampled (never decoded and encoded again), what the
 model's chat template adds to close that turn, and the tokenized new messages; each
 assistant message names the call it came from.
+The agent is a client of the session API (:mod:`rollout_journal.participants.session`), as any
+agent loop is: its model calls are the session's effects, so a redone turn's calls are answered
+from the journal by position (checked by its sampling against the journaled call: a redone turn
+that samples otherwise is a ``NondeterminismError``), a call cut short continues from its durable
+prefix, and its progress marks are the session's. What the session does not do for it is its
+environment: an in-process environment's mutations are replayed into the rebuilt environment by
+restore (:mod:`~rollout_journal.participants.workload.restore`), not answered from the journal.
 Two things are journaled earlier, on their own: the progress of a long free-form
 call (``ModelCallProgress`` every ``progress_every_tokens``, no sooner than
 ``progress_min_interval_ms`` after the last), and, with a backend
@@ -32,11 +39,10 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections import deque
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -44,24 +50,20 @@ from rollout_journal.journal.anchoring import HeadSigner
 from rollout_journal.journal.errors import JournalError, RolloutJournalError
 from rollout_journal.journal.events import (
     ChatMessage,
-    ModelCallProgress,
     RolloutEvent,
     RolloutFailed,
     RolloutFinished,
     RolloutGivenUp,
     SamplingParams,
     ToolCallRef,
-    TrainingRecord,
     TurnCompleted,
 )
-from rollout_journal.journal.group_commit import AppendReceipt, CommitFuture
-from rollout_journal.journal.journal import Journal
 from rollout_journal.journal.snapshots import SnapshotDraft
 from rollout_journal.participants.environments.base import SUBMIT, Environment, Observation, StepContext
 from rollout_journal.participants.environments.tool_calls import ToolCallError, looks_like_tool_call, parse_tool_call
 from rollout_journal.participants.model.chat import Prompt, PromptBuilder
 from rollout_journal.participants.model.constraints import ActionTrie
-from rollout_journal.participants.model.gate import ModelCallResult, ModelParticipant
+from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.model.tokenizer import ChatTokenizer
 from rollout_journal.participants.remote.protocol import ResourceSessionLostError
 from rollout_journal.participants.resources import MutationRecord, Recovery, Resource, StaleEpochError
@@ -72,6 +74,15 @@ from rollout_journal.participants.rollout import (
     outcome_of,
     snapshot_of,
 )
+from rollout_journal.participants.session.api import (
+    ModelAnswer,
+    RolloutRef,
+    RolloutSession,
+    SessionFactory,
+    StateRequest,
+)
+from rollout_journal.participants.session.ownership import Unrouted
+from rollout_journal.participants.session.sinks import JournalSink, TurnSink, durable
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.specs import RolloutSpec
 
@@ -87,59 +98,6 @@ class RestartFromZero(RolloutJournalError):
 
 
 SYSTEM_PROMPT = "You are an assistant that acts only through tool calls. Reply with exactly one tool call."
-
-
-class TurnSink(Protocol):
-    """Where a finished turn goes: the journal, or nowhere (overhead baseline)."""
-
-    journals: bool  # turns are made durable: snapshots are worth building
-    snapshot_block_bytes: int  # the journal's (see Journal): 0 where it writes no blocks
-
-    def submit(
-        self, events: list[RolloutEvent], snapshot: SnapshotDraft | None, result: TrainingRecord | None = None
-    ) -> Future[Any]:
-        """Start making the turn durable (with a final turn's training record, in the same commit);
-        the future resolves once it is (to what is the sink's: callers only wait for it)."""
-        ...
-
-
-class JournalSink:
-    journals = True
-
-    def __init__(self, journal: Journal) -> None:
-        self.journal = journal
-        self.snapshot_block_bytes = journal.snapshot_block_bytes
-
-    def submit(
-        self, events: list[RolloutEvent], snapshot: SnapshotDraft | None, result: TrainingRecord | None = None
-    ) -> Future[AppendReceipt]:
-        return self.journal.append(events, snapshot, result)
-
-
-class NullSink:
-    """Journaling off: the same rollout work with nothing made durable and no snapshots built."""
-
-    journals = False
-    snapshot_block_bytes = 0
-
-    def submit(
-        self, events: list[RolloutEvent], snapshot: SnapshotDraft | None, result: TrainingRecord | None = None
-    ) -> Future[None]:
-        done: Future[None] = Future()
-        done.set_result(None)
-        return done
-
-
-async def durable(future: Future[T]) -> T:
-    """The result of a journal future, awaited without blocking the event loop.
-
-    A turn's commit is usually done long before the agent asks (rollouts take turns,
-    so a rollout's next turn comes after its siblings' turns): then the result is read
-    at once, and the committer thread never has to wake the event loop for it.
-    """
-    if not future.done():
-        await asyncio.wrap_future(future)
-    return future.result()
 
 
 def turn_seed(workload_seed: int, rollout_id: str, turn: int, call_index: int = 0) -> int:
@@ -200,9 +158,8 @@ class LiveRollout:
     tokens_run_here: int = 0
     at_boundary: asyncio.Event = field(default_factory=asyncio.Event)  # set between turns: safe to checkpoint
     exports: dict[str, tuple[tuple[int, int], bytes]] = field(default_factory=dict)  # resource -> (version, bytes)
-    # (commit, turn) not yet known durable; turn None: an append inside a turn (a call's progress,
-    # a call made durable before its tool call)
-    in_flight: deque[tuple[Future[Any], int | None]] = field(default_factory=deque)
+    # Its current attempt's session (see Agent.session_of): the turn's held events, its appends not yet durable
+    session: RolloutSession | None = None
     acknowledged: asyncio.Event = field(default_factory=asyncio.Event)  # the trainer took its result
     resource_restores: int = 0  # times its resources were brought back on a restarted resource server
 
@@ -221,9 +178,13 @@ class Agent:
         writer: str,
         on_durable: Callable[[str, int], None] = lambda rollout_id, turn: None,
         signer: HeadSigner | None = None,
+        topology_override: str | None = None,
     ) -> None:
         """``on_durable(rollout_id, turn)`` is called once each turn is durable. With a ``signer``,
-        every turn that mutates a resource also journals a signed checkpoint of the chain heads."""
+        every turn that mutates a resource also journals a signed checkpoint of the chain heads.
+        ``topology_override`` (a resume that changed the topology on purpose): a call the journal
+        holds in a turn under way is kept whatever its sampling; else a redone turn whose sampling
+        differs from the journaled call's is a ``NondeterminismError`` (the rollout fails)."""
         self.config = config
         self.signer = signer if sink.journals else None
         self.model = model
@@ -232,6 +193,7 @@ class Agent:
         self.sink = sink
         self.on_durable = on_durable
         self.writer = writer
+        self.replays_checked = topology_override is None
         self._tries: dict[tuple[str, ...], ActionTrie] = {}
         self.turn_boundary = asyncio.Event()  # cleared by a coordinated checkpoint to park agents
         self.turn_boundary.set()
@@ -242,6 +204,35 @@ class Agent:
         self.durable_calls = sink.journals and (
             mode == "always" or (mode == "auto" and not model.backend.deterministic)
         )
+        # The session API's effects, with the runner's restore and ownership: sessions are adopted
+        # (the runner fences and restores its rollouts itself), and a live call's answer is held for
+        # the turn's one append (made durable before its tool call only with ``durable_calls``).
+        self.sessions = SessionFactory(
+            sink.journal if isinstance(sink, JournalSink) else None,
+            model,
+            writer=writer,
+            ownership=Unrouted(),
+            sink=sink,
+            durable_answers=False,
+            progress_every_tokens=config.progress_every_tokens if sink.journals else 0,
+            progress_min_interval_ms=config.progress_min_interval_ms,
+        )
+
+    def session_of(self, live: LiveRollout) -> RolloutSession:
+        """The session of the rollout's current attempt, at the turn under way. A new attempt of the
+        rollout in this process (a retry, a restart from turn 0) takes over what the session of the
+        previous one held and had not yet seen durable."""
+        session, state = live.session, live.state
+        if session is None or session.state is not state or session.epoch != state.epoch:
+            spec = live.spec
+            ref = RolloutRef(spec.rollout_id, spec.group_id, spec.sibling, self.config.siblings, self.config.topology())
+            fresh = self.sessions.adopt(ref, state)
+            if session is not None:
+                fresh.carry_over(session)
+            session = live.session = fresh
+        elif session.turn != state.next_turn:
+            session.fast_forward()
+        return session
 
     # -- conversation --------------------------------------------------------
     def initial_messages(self, env: Environment) -> list[ChatMessage]:
@@ -276,12 +267,6 @@ class Agent:
         return trie
 
     # -- lifecycle -------------------------------------------------------------
-    def _applied(self, state: RolloutState, event: RolloutEvent, events: list[RolloutEvent]) -> RolloutEvent:
-        """Apply a just-built event to the rollout's state and collect it for the journal."""
-        state.apply(event)
-        events.append(event)
-        return event
-
     def start_attempt(
         self, live: LiveRollout, *, resumed_from_turn: int, reason: str, override: str | None = None
     ) -> list[RolloutEvent]:
@@ -338,26 +323,24 @@ class Agent:
         while not self.turn_boundary.is_set():  # re-check: a checkpoint may close it again before we run
             await self.turn_boundary.wait()
         live.at_boundary.clear()
-        unsent: list[RolloutEvent] = []  # applied to the state, not yet handed to the journal
         try:
             try:
-                await self._turn(live, unsent)
+                await self._turn(live)
             except RestartFromZero as lost:  # its restart-only resources are gone (their server restarted)
-                await self._restart_from_zero(live, unsent, lost)
+                await self._restart_from_zero(live, lost)
         except Exception as exc:
             if not fails_the_rollout_alone(exc):
                 raise
-            await self.fail(live, exc, unsent)
+            await self.fail(live, exc)
         finally:
             live.at_boundary.set()
         # Take turns: a rollout whose previous commit is already done would otherwise run to
         # its end before its siblings start, since nothing else in its turn has to wait.
         await asyncio.sleep(0)
 
-    async def fail(self, live: LiveRollout, exc: Exception, unsent: list[RolloutEvent] | None = None) -> None:
-        """Journal the failed turn's events so far (``unsent``: the model call and mutations did
-        happen) and ``RolloutFailed`` after them, once the turns before are durable."""
-        unsent = [] if unsent is None else unsent
+    async def fail(self, live: LiveRollout, exc: Exception) -> None:
+        """Journal the failed turn's events so far (those its session holds: the model call and
+        mutations did happen) and ``RolloutFailed`` after them, once the turns before are durable."""
         state = live.state
         reason = " ".join(str(exc).split()) or type(exc).__name__
         log.error(
@@ -370,9 +353,11 @@ class Agent:
         )
         if not isinstance(exc, RolloutJournalError):  # an environment's or a backend's bug: where, with -v
             log.debug("rollout %s failed here", live.spec.rollout_id, exc_info=exc)
-        await self._durable(live, keep=0)
-        self._applied(state, RolloutFailed(state.header(self.writer), type(exc).__name__, reason), unsent)
-        await self.commit(unsent)
+        session = self.session_of(live)
+        await session.settle(keep=0, on_durable=self._on_durable(live))
+        session.hold(RolloutFailed(state.header(self.writer), type(exc).__name__, reason))
+        session.commit()
+        await session.settle(keep=0)
 
     def give_up(self, spec: RolloutSpec, state: RolloutState, group_policy: str) -> Future[Any]:
         """Give the rollout up after its last failure: ``RolloutGivenUp``, a final snapshot, and (for
@@ -400,60 +385,30 @@ class Agent:
     async def model_call(
         self,
         live: LiveRollout,
-        events: list[RolloutEvent],
         extra: list[ChatMessage],
         params: SamplingParams,
         constraint: ActionTrie | None,
-        call_index: int,
-    ) -> ModelCallResult:
-        """The turn's call at ``call_index`` after the conversation and ``extra`` (messages of the turn
-        so far), applied to the state and collected in ``events``.
-
-        Its progress (a free-form call) is journaled every ``progress_every_tokens`` as it
-        streams, no sooner than ``progress_min_interval_ms`` after the call's last mark. With ``durable_calls``, the call is made durable (with the turn's events so
-        far) before it returns, i.e. before its tool call. A call the journal already holds
-        for this turn is replayed from it: nothing is generated, nothing journaled again."""
-        state = live.state
-        rollout_id, turn = live.spec.rollout_id, state.next_turn
-        replayed = self.model.journaled(state, call_index)
-        if replayed is not None:
-            return replayed
-        prompt = self.prompt_of(live, extra)
-
-        def progress(event: ModelCallProgress) -> None:
-            state.apply(event)
-            # The turn's earlier calls go first (their seqs come first): a reasoning call before a
-            # free-form action is still among the turn's unsent events when the action marks progress.
-            future = self.sink.submit([*events, event], None)
-            events.clear()
-            if isinstance(future, CommitFuture):
-                future.hasten()  # a mark still lingering when the process dies is lost: commit it now
-            live.in_flight.append((future, None))
-
-        journals_progress = self.sink.journals and self.config.progress_every_tokens > 0
-        call = await self.model.call(
-            state,
-            prompt,
-            params,
-            constraint,
-            f"{rollout_id}/a{state.attempt}/t{turn}/c{call_index}",
-            writer=self.writer,
-            call_index=call_index,
-            on_progress=progress if journals_progress else None,
-            progress_every=self.config.progress_every_tokens,
-            progress_interval_s=self.config.progress_min_interval_ms / 1000.0,
-        )
-        if call.replayed:
-            return call
-        self._applied(state, call.event, events)
-        live.tokens_run_here += call.new_tokens
+        describe: str,
+    ) -> ModelAnswer:
+        """The turn's next call after the conversation and ``extra`` (messages of the turn so far),
+        made through the rollout's session: answered from the journal if it holds the call at this
+        position (nothing generated, nothing journaled again), else generated, applied to the state
+        and held for the turn's append. Its progress (a free-form call) is journaled every
+        ``progress_every_tokens`` as it streams, no sooner than ``progress_min_interval_ms`` after the
+        call's last mark. With ``durable_calls``, the call is made durable (with the turn's events so
+        far) before it returns, i.e. before its tool call."""
+        session = self.session_of(live)
+        asked = StateRequest(params, lambda: self.prompt_of(live, extra), constraint, describe, self.replays_checked)
+        answer = await session.model_call(asked)
+        if answer.replayed:
+            return answer
+        live.tokens_run_here += answer.new_tokens
         if self.durable_calls:
-            live.in_flight.append((self.sink.submit(list(events), None), None))
-            events.clear()  # handed to the journal
-            await self._durable(live, keep=0)
-        return call
+            session.commit()
+            await session.settle(keep=0, on_durable=self._on_durable(live))
+        return answer
 
-    async def reasoning(self, live: LiveRollout, events: list[RolloutEvent]) -> tuple[list[ChatMessage], list[str]]:
+    async def reasoning(self, live: LiveRollout) -> tuple[list[ChatMessage], list[str]]:
         """The turn's free-form reasoning segment (``model.reasoning_tokens``), as the messages
         it adds to the conversation and the call ids; none when the workload has no segment. The
         message's text is for readers; its tokens are the call's sampled ids (it names the call)."""
@@ -469,13 +424,13 @@ class Agent:
             turn_seed(seed, seed_rollout, state.next_turn, 1),
             model.top_k,
         )
-        call = await self.model_call(live, events, [], params, None, 0)
-        text = self.tokenizer.decode(call.generation.output_ids)
-        return [ChatMessage("assistant", text, call_id=call.event.call_id)], [call.event.call_id]
+        call = await self.model_call(live, [], params, None, "reasoning")
+        text = self.tokenizer.decode(call.output_ids)
+        return [ChatMessage("assistant", text, call_id=call.call_id)], [call.call_id]
 
     async def choose_action(
-        self, live: LiveRollout, events: list[RolloutEvent], thoughts: list[ChatMessage], actions: list[str]
-    ) -> tuple[str, ModelCallResult]:
+        self, live: LiveRollout, thoughts: list[ChatMessage], actions: list[str]
+    ) -> tuple[str, ModelAnswer]:
         """The constrained call that picks one of ``actions`` (after the turn's ``thoughts``)."""
         state, model = live.state, self.config.model
         trie = self.constraint_for(actions)
@@ -487,8 +442,8 @@ class Agent:
             turn_seed(seed, seed_rollout, state.next_turn),
             model.top_k,
         )
-        call = await self.model_call(live, events, thoughts, params, trie, len(thoughts))
-        return self.action_of(trie, call.generation.output_ids), call
+        call = await self.model_call(live, thoughts, params, trie, "action")
+        return self.action_of(trie, call.output_ids), call
 
     # -- the tool-call half of a turn: what the model chose, and running it on the resources ------
     def constraint_for(self, actions: list[str]) -> ActionTrie | None:
@@ -537,17 +492,19 @@ class Agent:
                 live.resource_restores += 1
         raise AssertionError("unreachable")
 
-    async def _restart_from_zero(self, live: LiveRollout, unsent: list[RolloutEvent], lost: RestartFromZero) -> None:
+    async def _restart_from_zero(self, live: LiveRollout, lost: RestartFromZero) -> None:
         """A new attempt from turn 0 on fresh resources, journaled after what this turn applied."""
         state = live.state
         log.warning("rollout %s restarts from turn 0 (attempt %d): %s", live.spec.rollout_id, state.next_attempt, lost)
-        await self._durable(live, keep=0)
+        await self.settle(live)
         await live.env.arestore({}, [], fence_epoch=state.next_epoch)  # a fresh session; the old epoch is fenced
-        unsent.extend(self.start_attempt(live, resumed_from_turn=0, reason=f"restart from turn 0: {lost}"))
+        started = self.start_attempt(live, resumed_from_turn=0, reason=f"restart from turn 0: {lost}")
+        session = self.session_of(live)  # the new attempt's: it takes over what the turn held
+        session.hold_applied(started)
         live.exports.clear()
         live.turns_since_snapshot = live.bytes_since_snapshot = 0
-        await self.commit(unsent)
-        unsent.clear()
+        session.commit()
+        await session.settle(keep=0)
 
     async def _exports(self, live: LiveRollout) -> dict[str, bytes]:
         """The rollout's exported resource states for a snapshot. An export is reused while its
@@ -568,23 +525,24 @@ class Agent:
                 live.exports[rid] = (versions[rid], fresh[rid])
         return {rid: live.exports[rid][1] for rid in versions}
 
-    async def _turn(self, live: LiveRollout, events: list[RolloutEvent]) -> None:
+    async def _turn(self, live: LiveRollout) -> None:
         state, env = live.state, live.env
+        session = self.session_of(live)
         turn = state.next_turn
         actions = env.action_space()
         if not self.config.allow_early_submit and turn + 1 < self.config.max_turns and len(actions) > 1:
             actions = [a for a in actions if a != SUBMIT]
-        thoughts, call_ids = await self.reasoning(live, events)
-        action, call = await self.choose_action(live, events, thoughts, actions)
-        call_ids.append(call.event.call_id)
+        thoughts, call_ids = await self.reasoning(live)
+        action, call = await self.choose_action(live, thoughts, actions)
+        call_ids.append(call.call_id)
         observation, records = await self.run_tool_call(live, action)
         if self.config.turn_delay_ms:
             await asyncio.sleep(self.config.turn_delay_ms / 1000.0)
         for record in records:
-            self._applied(state, mutation_event(state.header(self.writer), record), events)
+            session.hold(mutation_event(state.header(self.writer), record))
         if records and self.signer is not None:  # anchored in the same append as the mutations it covers
-            self._applied(state, self.head_checkpoint(live, turn), events)
-        messages = [*thoughts, *action_messages(action, call.event.call_id, observation.text)]
+            session.hold(self.head_checkpoint(live, turn))
+        messages = [*thoughts, *action_messages(action, call.call_id, observation.text)]
         last = observation.done or turn + 1 >= self.config.max_turns
         reward = await self._with_resources(live, env.averify) if last else None
         if last and reward is None:  # a user environment's verify() without a return: this rollout fails
@@ -592,22 +550,20 @@ class Agent:
                 f"environment {live.spec.environment!r} of rollout {live.spec.rollout_id}: "
                 "verify() returned None; it must return the rollout's reward (a float)"
             )
-        self._applied(
-            state,
-            TurnCompleted(state.header(self.writer), messages, call_ids, env.revisions(), reward, [action]),
-            events,
+        session.end_turn_with(
+            TurnCompleted(state.header(self.writer), messages, call_ids, env.revisions(), reward, [action])
         )
         result = None
         if reward is not None:  # the last turn (only its reward is verified; None there was refused above)
             outcome = outcome_of(state, env.state_digests())
-            finished = self._applied(
-                state, RolloutFinished(state.header(self.writer), reward, state.next_turn, json.dumps(outcome)), events
+            finished = session.hold(
+                RolloutFinished(state.header(self.writer), reward, state.next_turn, json.dumps(outcome))
             )
             if self.sink.journals and live.spec.forked_from is None:  # a fork is a what-if, not a group's sample
                 result = state.training_record(finished.header, self.config.siblings)
         live.turns_run_here += 1
         live.turns_since_snapshot += 1
-        live.bytes_since_snapshot += int(call.prompt.nbytes) + int(call.generation.output_ids.nbytes) * 2
+        live.bytes_since_snapshot += int(call.prompt_ids.nbytes) + int(call.output_ids.nbytes) * 2
         snapshot = None
         periodic = self.config.checkpoint_mode == "snapshot" and (
             live.turns_since_snapshot >= self.config.snapshot_every_turns
@@ -616,9 +572,8 @@ class Agent:
         if self.sink.journals and (last or periodic):
             snapshot = self.snapshot_draft(live, await self._exports(live))
             live.turns_since_snapshot = live.bytes_since_snapshot = 0
-        live.in_flight.append((self.sink.submit(list(events), snapshot, result), turn))
-        events.clear()  # handed to the journal: a failure from here on journals nothing of this turn twice
-        await self._durable(live, keep=self.config.turns_in_flight - 1)
+        session.commit(snapshot, result, turn=turn)
+        await session.settle(keep=self.config.turns_in_flight - 1, on_durable=self._on_durable(live))
 
     def head_checkpoint(self, live: LiveRollout, turn: int) -> RolloutEvent:
         """The signed heads of every resource of the rollout, in this life of it."""
@@ -629,15 +584,11 @@ class Agent:
             )
         return head_checkpoint(self.signer, live.state, live.env.resources, self.writer, turn)
 
-    async def _durable(self, live: LiveRollout, keep: int) -> None:
-        """Wait (oldest first) until at most ``keep`` of the rollout's turns are not yet durable."""
-        while len(live.in_flight) > keep:
-            future, turn = live.in_flight[0]
-            await durable(future)
-            live.in_flight.popleft()
-            if turn is not None:
-                self.on_durable(live.spec.rollout_id, turn)
+    def _on_durable(self, live: LiveRollout) -> Callable[[int], None]:
+        rollout_id = live.spec.rollout_id
+        return lambda turn: self.on_durable(rollout_id, turn)
 
     async def settle(self, live: LiveRollout) -> None:
-        """Wait until the rollout's last appended turn is durable."""
-        await self._durable(live, keep=0)
+        """Wait until every append of the rollout (its last turn's included) is durable."""
+        if live.session is not None:
+            await live.session.settle(keep=0, on_durable=self._on_durable(live))

@@ -47,7 +47,8 @@ from rollout_journal.journal.journal import Journal
 from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.remote.protocol import ControlError, TransientControlError
 from rollout_journal.participants.resources import ResourceError
-from rollout_journal.participants.workload.agent import Agent, LiveRollout, durable
+from rollout_journal.participants.session.sinks import durable
+from rollout_journal.participants.workload.agent import Agent, LiveRollout
 
 log = logging.getLogger(__name__)
 

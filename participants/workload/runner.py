@@ -39,14 +39,8 @@ from rollout_journal.participants.model.tokenizer import ChatTokenizer
 from rollout_journal.participants.remote.client import EnvironmentFactory
 from rollout_journal.participants.resources import ResourceError, StaleEpochError
 from rollout_journal.participants.rollout import RolloutState, StateFoldError
-from rollout_journal.participants.workload.agent import (
-    Agent,
-    JournalSink,
-    LiveRollout,
-    NullSink,
-    durable,
-    fails_the_rollout_alone,
-)
+from rollout_journal.participants.session.sinks import JournalSink, NullSink, durable
+from rollout_journal.participants.workload.agent import Agent, LiveRollout, fails_the_rollout_alone
 from rollout_journal.participants.workload.checkpoint import CoordinatedCheckpointer
 from rollout_journal.participants.workload.config import WorkloadConfig
 from rollout_journal.participants.workload.reports import RestoreTiming, RolloutReport, RunReport
@@ -118,7 +112,14 @@ class Runner:
         self.progress = progress or (lambda rollout_id, turn: None)
         self.on_result = on_result or (lambda rollout_id: None)
         self.agent = Agent(
-            config, self.model, tokenizer, sink, writer=config.writer, on_durable=self.progress, signer=signer
+            config,
+            self.model,
+            tokenizer,
+            sink,
+            writer=config.writer,
+            on_durable=self.progress,
+            signer=signer,
+            topology_override=topology_override,
         )
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}

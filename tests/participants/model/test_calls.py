@@ -132,10 +132,41 @@ def test_a_redone_turn_replays_its_journaled_call_so_the_resource_sees_the_same_
     calls = [e for e in journaled(config) if isinstance(e, ModelCall)]
     first_turn = [c for c in calls if c.header.turn == 0]
     assert len(first_turn) == 1 and first_turn[0].header.attempt == 1  # replayed, never sampled again
+    assert all(c.request_sha256 for c in calls)  # session effects: each journaled with its request's digest
     (mutation,) = [
         e for e in journaled(config) if isinstance(e, ResourceMutation) and e.idempotency_key == lost.idempotency_key
     ]
     assert (mutation.op, mutation.args_json) == (lost.op, canonical_json(lost.args))  # what the resource applied
+
+
+def test_a_resume_that_changed_the_sampling_on_purpose_keeps_the_call_its_turn_already_made(
+    tmp_path: Path,
+) -> None:
+    """The agent's calls are session effects, checked by their sampling when replayed; a resume
+    with another seed (a topology override: the user's choice) keeps the journaled call of the turn
+    under way (what the resource saw) instead of failing it as nondeterministic, and samples the
+    turns after it with the new seed."""
+    config = config_for(tmp_path, "auto")
+    environments: dict[str, Environment] = {}
+    lost = asyncio.run(crash_after_the_first_tool_call(config, environments))
+    reseeded = config.model_copy(update={"seed": 23, "max_turns": 1})
+
+    async def resume_reseeded():
+        with open_journal(config.journal, writer=config.writer) as journal:
+            backend = UnsteadyServer(salt=2)
+            runner = SharedEnvironments(
+                reseeded, journal, backend, backend.tokenizer, environments=environments, topology_override="seed 23"
+            )
+            return await runner.run(resume=True)
+
+    (row,) = asyncio.run(resume_reseeded()).rollouts.values()
+    assert row.failed is None and row.outcome is not None
+    first_turn = [e for e in journaled(config) if isinstance(e, ModelCall) and e.header.turn == 0]
+    assert [c.header.attempt for c in first_turn] == [1]
+    (mutation,) = [
+        e for e in journaled(config) if isinstance(e, ResourceMutation) and e.idempotency_key == lost.idempotency_key
+    ]
+    assert mutation.op == lost.op
 
 
 def test_without_it_the_resource_refuses_the_other_action_under_the_same_key(tmp_path: Path) -> None:

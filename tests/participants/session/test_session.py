@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rollout_journal.journal import Journal, ModelCall, ModelCallProgress, SamplingParams, open_journal
+from rollout_journal.journal import Journal, ModelCall, ModelCallProgress, SamplingParams, TurnCompleted, open_journal
 from rollout_journal.journal.file.backend import FileBackend
+from rollout_journal.participants.model.chat import Prompt
 from rollout_journal.participants.model.gate import ModelParticipant
 from rollout_journal.participants.model.tiny_model import tiny_model_dir
 from rollout_journal.participants.remote.gateway.upstream import GenerateUpstream
@@ -24,8 +25,10 @@ from rollout_journal.participants.session import (
     RolloutRef,
     SessionFactory,
     StaleAttemptError,
+    StateRequest,
     ToolOutcome,
     ToolRequest,
+    Unrouted,
 )
 from tests.support.fixed_rate_upstream import FixedRateUpstream
 
@@ -431,3 +434,109 @@ def test_a_fence_during_an_effect_is_a_stale_attempt_and_an_outside_cancellation
 
     asyncio.run(scenario())
     journal.close()
+
+
+# -- a client that builds its own turns (the project's Agent is one) ----------------------------
+def test_held_answers_reach_the_journal_only_with_the_callers_commit(tmp_path: Path, upstream) -> None:
+    """``durable_answers=False``: a live call's answer is applied and held, journaled with the turn
+    the caller commits (with the request's digest, as every session call is), in one append."""
+    journal = open_journal(str(tmp_path / "j"))
+    f = factory(journal, upstream, durable_answers=False)
+
+    def in_journal() -> list:
+        return [i.event for i in open_journal(str(tmp_path / "j"), read_only=True).read_rollout("r")]
+
+    async def turn() -> tuple[ModelRequest, list, list]:
+        session = await f.open(RolloutRef("r"))
+        request = ModelRequest(prompt(0), GREEDY)
+        answer = await session.model_call(request)
+        assert not answer.replayed and [type(e) for e in session.held] == [ModelCall]
+        before = in_journal()
+        session.end_turn_with(TurnCompleted(session.state.header("t"), [], [answer.call_id], {}, None, []))
+        session.commit(turn=0)
+        done: list[int] = []
+        await session.settle(on_durable=done.append)
+        return request, before, done
+
+    request, before, done = asyncio.run(turn())
+    after = in_journal()
+    journal.close()
+    assert not any(isinstance(e, ModelCall) for e in before)  # held: not journaled before the commit
+    (call,) = [e for e in after if isinstance(e, ModelCall)]
+    assert call.request_sha256 == request.digest() and isinstance(after[-1], TurnCompleted) and done == [0]
+
+
+def test_a_state_request_is_built_only_live_and_checked_by_its_sampling_when_journaled(
+    tmp_path: Path, upstream
+) -> None:
+    """A caller that derives its prompt from the rollout's state (whose head a journaled call has
+    already moved) is asked for the prompt only when the call goes live; at a journaled position
+    the call is checked by its sampling: another sampling is a nondeterminism error naming both,
+    unless the caller says it changed it on purpose (``checked=False``)."""
+    journal = open_journal(str(tmp_path / "j"))
+    f = factory(journal, upstream)
+    built: list[int] = []
+
+    def build() -> Prompt:
+        built.append(1)
+        return Prompt(prompt(0), 0, "first")
+
+    async def first() -> np.ndarray:
+        session = await f.open(RolloutRef("r"))
+        return (await session.model_call(StateRequest(GREEDY, build))).output_ids
+
+    sampled = asyncio.run(first())  # the call is durable; its turn never ends (a crash)
+    assert built == [1]
+
+    def never() -> Prompt:
+        raise AssertionError("a journaled call's prompt was built again")
+
+    async def again(params: SamplingParams, checked: bool = True):
+        session = await f.open(RolloutRef("r"))
+        return await session.model_call(StateRequest(params, never, checked=checked))
+
+    answer = asyncio.run(again(GREEDY))
+    assert answer.replayed and answer.output_ids.tolist() == sampled.tolist()
+    hotter = SamplingParams(0.7, 1.0, 8, seed=3)
+    with pytest.raises(NondeterminismError, match="sampling") as caught:
+        asyncio.run(again(hotter))
+    assert '"temperature":0.0' in str(caught.value) and '"temperature":0.699999988079071' in str(caught.value)
+    assert asyncio.run(again(hotter, checked=False)).output_ids.tolist() == sampled.tolist()
+    journal.close()
+
+
+def test_an_adopted_session_replays_the_turn_under_way_and_takes_over_what_the_last_one_held(
+    tmp_path: Path, upstream
+) -> None:
+    """``adopt``: a session over a state its caller restored and fenced itself stands at the turn under
+    way; a later attempt's session takes over what the earlier one held and had not seen durable."""
+    journal = open_journal(str(tmp_path / "j"))
+    f = factory(journal, upstream)
+
+    async def journal_a_call() -> None:
+        session = await f.open(RolloutRef("r"))
+        await session.model_call(ModelRequest(prompt(0), GREEDY))  # durable; the turn never ends
+
+    asyncio.run(journal_a_call())
+    state = f.state_of("r")
+    assert state is not None
+    held = SessionFactory(None, f.model, writer="t", sink=f.sink, ownership=Unrouted(), durable_answers=False)
+
+    async def adopted() -> tuple[bool, int]:
+        session = held.adopt(RolloutRef("r"), state)
+        replayed = (await session.model_call(ModelRequest(prompt(0), GREEDY))).replayed
+        live = await session.model_call(ModelRequest(np.concatenate([state.head_tokens, [7, 8]]), GREEDY))
+        assert not live.replayed and len(session.held) == 1
+        state.start_attempt("t", resumed_from_turn=0, topology="", reason="the next attempt")
+        successor = held.adopt(RolloutRef("r"), state)
+        successor.carry_over(session)
+        successor.commit()
+        await successor.settle()
+        return replayed, len(successor.held) + len(session.held)
+
+    replayed, left = asyncio.run(adopted())
+    calls = [i.event for i in journal.read_rollout("r") if isinstance(i.event, ModelCall)]
+    journal.close()
+    assert replayed and left == 0 and len(calls) == 2
+    with pytest.raises(ValueError, match="no journal"):
+        asyncio.run(held.open(RolloutRef("other")))
