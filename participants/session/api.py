@@ -156,8 +156,8 @@ class StateRequest:
     the call goes live: a call the journal holds at the cursor has already moved the state's head past
     its own prompt, so there it cannot be asked again, and the journaled call is checked by its
     sampling parameters alone (the prompt is the journal's by construction); ``checked=False``
-    takes it as is (a resume that changed the sampling on purpose keeps what its turn under way
-    already sampled)."""
+    takes it as is, logging a difference (an agent for which the journal is the truth of what was
+    sampled: a resume that changed the sampling on purpose keeps what its turn under way sampled)."""
 
     params: SamplingParams
     prompt: Callable[[], Prompt]
@@ -664,7 +664,13 @@ class RolloutSession:
 
     def _check_sampling(self, entry: Effect, asked: StateRequest) -> None:
         sampling = sampling_json(asked.params)
-        if entry.kind == MODEL and (entry.sampling == sampling or not asked.checked):
+        if entry.kind == MODEL and entry.sampling == sampling:
+            return
+        if entry.kind == MODEL and not asked.checked:
+            log.warning(
+                "rollout %s: journaled call %s sampled with %s; this attempt would sample with %s: the journal's is kept",
+                self.rollout_id, entry.ref, entry.sampling, sampling,
+            )  # fmt: skip
             return
         journaled = RequestSummary(entry.kind, entry.digest, _describe(entry))
         what = (

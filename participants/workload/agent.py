@@ -11,8 +11,8 @@ model's chat template adds to close that turn, and the tokenized new messages; e
 assistant message names the call it came from.
 The agent is a client of the session API (:mod:`rollout_journal.participants.session`), as any
 agent loop is: its model calls are the session's effects, so a redone turn's calls are answered
-from the journal by position (checked by its sampling against the journaled call: a redone turn
-that samples otherwise is a ``NondeterminismError``), a call cut short continues from its durable
+from the journal by position (whatever it would sample now: a difference is logged), a call cut
+short continues from its durable
 prefix, and its progress marks are the session's. What the session does not do for it is its
 environment: an in-process environment's mutations are replayed into the rebuilt environment by
 restore (:mod:`~rollout_journal.participants.workload.restore`), not answered from the journal.
@@ -178,13 +178,9 @@ class Agent:
         writer: str,
         on_durable: Callable[[str, int], None] = lambda rollout_id, turn: None,
         signer: HeadSigner | None = None,
-        topology_override: str | None = None,
     ) -> None:
         """``on_durable(rollout_id, turn)`` is called once each turn is durable. With a ``signer``,
-        every turn that mutates a resource also journals a signed checkpoint of the chain heads.
-        ``topology_override`` (a resume that changed the topology on purpose): a call the journal
-        holds in a turn under way is kept whatever its sampling; else a redone turn whose sampling
-        differs from the journaled call's is a ``NondeterminismError`` (the rollout fails)."""
+        every turn that mutates a resource also journals a signed checkpoint of the chain heads."""
         self.config = config
         self.signer = signer if sink.journals else None
         self.model = model
@@ -193,7 +189,7 @@ class Agent:
         self.sink = sink
         self.on_durable = on_durable
         self.writer = writer
-        self.replays_checked = topology_override is None
+        self.topology = config.topology()  # hashes a tasks file: once, not per rollout
         self._tries: dict[tuple[str, ...], ActionTrie] = {}
         self.turn_boundary = asyncio.Event()  # cleared by a coordinated checkpoint to park agents
         self.turn_boundary.set()
@@ -225,7 +221,7 @@ class Agent:
         session, state = live.session, live.state
         if session is None or session.state is not state or session.epoch != state.epoch:
             spec = live.spec
-            ref = RolloutRef(spec.rollout_id, spec.group_id, spec.sibling, self.config.siblings, self.config.topology())
+            ref = RolloutRef(spec.rollout_id, spec.group_id, spec.sibling, self.config.siblings, self.topology)
             fresh = self.sessions.adopt(ref, state)
             if session is not None:
                 fresh.carry_over(session)
@@ -398,7 +394,10 @@ class Agent:
         call's last mark. With ``durable_calls``, the call is made durable (with the turn's events so
         far) before it returns, i.e. before its tool call."""
         session = self.session_of(live)
-        asked = StateRequest(params, lambda: self.prompt_of(live, extra), constraint, describe, self.replays_checked)
+        # Unchecked: the journal is the truth of what this rollout sampled (a resume that changed the
+        # sampling on purpose, or an upgrade that derives seeds otherwise, keeps what the turn under way
+        # already sampled and the resources saw; a difference is logged, never a failure).
+        asked = StateRequest(params, lambda: self.prompt_of(live, extra), constraint, describe, checked=False)
         answer = await session.model_call(asked)
         if answer.replayed:
             return answer

@@ -112,14 +112,7 @@ class Runner:
         self.progress = progress or (lambda rollout_id, turn: None)
         self.on_result = on_result or (lambda rollout_id: None)
         self.agent = Agent(
-            config,
-            self.model,
-            tokenizer,
-            sink,
-            writer=config.writer,
-            on_durable=self.progress,
-            signer=signer,
-            topology_override=topology_override,
+            config, self.model, tokenizer, sink, writer=config.writer, on_durable=self.progress, signer=signer
         )
         self.live: dict[str, LiveRollout] = {}
         self.states: dict[str, RolloutState] = {}

@@ -142,25 +142,29 @@ def test_a_redone_turn_replays_its_journaled_call_so_the_resource_sees_the_same_
 def test_a_resume_that_changed_the_sampling_on_purpose_keeps_the_call_its_turn_already_made(
     tmp_path: Path,
 ) -> None:
-    """The agent's calls are session effects, checked by their sampling when replayed; a resume
-    with another seed (a topology override: the user's choice) keeps the journaled call of the turn
-    under way (what the resource saw) instead of failing it as nondeterministic, and samples the
-    turns after it with the new seed."""
+    """The agent's calls are session effects, replayed by position; a resume with another seed (a
+    topology override: the user's choice) keeps the journaled call of the turn under way (what the
+    resource saw) instead of failing it as nondeterministic, and so does every resume after it
+    (the override is in the journal by then: no further resume names it)."""
     config = config_for(tmp_path, "auto")
     environments: dict[str, Environment] = {}
     lost = asyncio.run(crash_after_the_first_tool_call(config, environments))
     reseeded = config.model_copy(update={"seed": 23, "max_turns": 1})
 
-    async def resume_reseeded():
+    async def resume_reseeded(override: str | None, stop_after: dict[str, int] | None = None):
         with open_journal(config.journal, writer=config.writer) as journal:
             backend = UnsteadyServer(salt=2)
             runner = SharedEnvironments(
-                reseeded, journal, backend, backend.tokenizer, environments=environments, topology_override="seed 23"
+                reseeded, journal, backend, backend.tokenizer, environments=environments, topology_override=override
             )
-            return await runner.run(resume=True)
+            return await runner.run(resume=True, stop_after=stop_after)
 
-    (row,) = asyncio.run(resume_reseeded()).rollouts.values()
+    # The overriding resume stops before it redoes the turn (its fence is journaled, naming the new
+    # topology); the next resume names no override, and finds the call of attempt 1 in the turn under way.
+    asyncio.run(resume_reseeded("seed 23", stop_after={lost.rollout_id: 0}))
+    (row,) = asyncio.run(resume_reseeded(None)).rollouts.values()
     assert row.failed is None and row.outcome is not None
+    assert not [e for e in journaled(config) if isinstance(e, RolloutFailed)]
     first_turn = [e for e in journaled(config) if isinstance(e, ModelCall) and e.header.turn == 0]
     assert [c.header.attempt for c in first_turn] == [1]
     (mutation,) = [
