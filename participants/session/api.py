@@ -23,6 +23,11 @@ epoch. A session writes its rollout only while the ownership routes it here.
 
 Effects of one rollout are made one at a time (a per-session lock): positions are program order,
 so concurrent calls of one rollout are serialized rather than raced for positions.
+
+The project's own workload agent is a client too, of a lower layer of the same class: its runner
+restores and fences rollouts itself (``SessionFactory.adopt``), asks with :class:`StateRequest`
+(a prompt built from the state), and appends each turn whole (``durable_answers=False``:
+``hold``, ``end_turn_with``, ``commit``, ``settle``).
 """
 
 from __future__ import annotations
