@@ -24,7 +24,7 @@ from fastavro import schemaless_reader, schemaless_writer
 
 from rollout_journal import schemas
 from rollout_journal.journal.errors import CorruptRecordError, RecordLocation, UnknownSchemaError
-from rollout_journal.journal.events import EVENT_TYPES, NESTED_LISTS, NESTED_TYPES, Record
+from rollout_journal.journal.events import EVENT_TYPES, NESTED_RECORDS, Record, nested_fields
 from rollout_journal.journal.flat_avro import FlatWriter, flat_writer
 from rollout_journal.schemas import SchemaVersion
 
@@ -57,19 +57,20 @@ class _FieldPlan:
 
 def _plan(cls: type) -> tuple[_FieldPlan, ...]:
     plans = []
+    nested = nested_fields(cls)  # by each field's own type, not its name
     for f in dataclasses.fields(cls):
         if "dtype" in f.metadata:
             has_default = f.default_factory is not dataclasses.MISSING
             plans.append(_FieldPlan(f.name, _Kind.PACKED, dtype=f.metadata["dtype"], has_default=has_default))
-        elif f.name in NESTED_TYPES:
-            kind = _Kind.NESTED_LIST if f.name in NESTED_LISTS else _Kind.NESTED
-            plans.append(_FieldPlan(f.name, kind, cls=NESTED_TYPES[f.name]))
+        elif f.name in nested:
+            inner, is_list = nested[f.name]
+            plans.append(_FieldPlan(f.name, _Kind.NESTED_LIST if is_list else _Kind.NESTED, cls=inner))
         else:
             plans.append(_FieldPlan(f.name, _Kind.PLAIN))
     return tuple(plans)
 
 
-_PLANS: dict[type, tuple[_FieldPlan, ...]] = {cls: _plan(cls) for cls in (*EVENT_TYPES, *set(NESTED_TYPES.values()))}
+_PLANS: dict[type, tuple[_FieldPlan, ...]] = {cls: _plan(cls) for cls in (*EVENT_TYPES, *NESTED_RECORDS)}
 
 
 def _pack(value: Any, dtype: str) -> bytes:
@@ -102,7 +103,7 @@ def _encoder_source(cls: type) -> str:
 
 _ENCODERS: dict[type, Any] = {}
 _namespace: dict[str, Any] = {"_pack": _pack}
-for _cls in sorted(_PLANS, key=lambda c: c not in set(NESTED_TYPES.values())):  # nested types first
+for _cls in sorted(_PLANS, key=lambda c: c not in NESTED_RECORDS):  # nested types first
     exec(_encoder_source(_cls), _namespace)  # noqa: S102 - source built above from our own field names
     _ENCODERS[_cls] = _namespace[f"_encode_{_cls.__name__}"]
 
@@ -137,7 +138,7 @@ _DECODERS: dict[type, Any] = {}
 _namespace.update(
     {"_frombuffer": np.frombuffer, "_default_bytes": _default_bytes}, **{f"_{c.__name__}": c for c in _PLANS}
 )
-for _cls in sorted(_PLANS, key=lambda c: c not in set(NESTED_TYPES.values())):
+for _cls in sorted(_PLANS, key=lambda c: c not in NESTED_RECORDS):
     exec(_decoder_source(_cls), _namespace)  # noqa: S102 - source built above from our own field names
     _DECODERS[_cls] = _namespace[f"_decode_{_cls.__name__}"]
 

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+import types
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Union, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Union, get_args, get_origin, get_type_hints
 
 import numpy as np
 
@@ -648,18 +649,34 @@ EVENT_TYPES: tuple[type[Record], ...] = (
     TrainingRecord,
     RolloutSummary,
 )
-NESTED_TYPES: dict[str, type] = {
-    "header": Header,
-    "sampling": SamplingParams,
-    "blob": BlobRef,
-    "messages": ChatMessage,
-    "tool_calls": ToolCallRef,
-    "template_check": TemplateCheck,
-    "heads": ChainHead,
-    "segments": OutputSegment,
-    "attempts": FenceEntry,
-    "token_segments": TokenSegment,
-}
-NESTED_LISTS = frozenset(
-    {"messages", "tool_calls", "heads", "segments", "attempts", "token_segments"}
-)  # fields of NESTED_TYPES that hold an array of them
+# The records that live inside other records (never on a stream of their own).
+NESTED_RECORDS: tuple[type, ...] = (
+    Header,
+    SamplingParams,
+    BlobRef,
+    ChatMessage,
+    ToolCallRef,
+    TemplateCheck,
+    ChainHead,
+    OutputSegment,
+    FenceEntry,
+    TokenSegment,
+)
+
+
+def nested_fields(cls: type) -> dict[str, tuple[type, bool]]:
+    """The fields of record ``cls`` that hold nested records: name -> (their class, whether a list
+    of them), read from the field's own annotation (``Header``, ``BlobRef | None``,
+    ``list[ChatMessage]``), so two records may give one field name different types."""
+    hints = get_type_hints(cls)
+    out: dict[str, tuple[type, bool]] = {}
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        args = [a for a in get_args(hint) if a is not type(None)]
+        if get_origin(hint) in (Union, types.UnionType) and len(args) == 1:
+            hint = args[0]  # Optional[X]
+        if hint in NESTED_RECORDS:
+            out[f.name] = (hint, False)
+        elif get_origin(hint) is list and get_args(hint)[0] in NESTED_RECORDS:
+            out[f.name] = (get_args(hint)[0], True)
+    return out

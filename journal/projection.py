@@ -30,7 +30,6 @@ import numpy as np
 
 from rollout_journal.journal.codec import _DECODERS, _PLANS, MAGIC, PREFIX_LEN, Codec, _Kind, _read_long
 from rollout_journal.journal.errors import CorruptRecordError, RecordLocation
-from rollout_journal.journal.events import NESTED_TYPES as _NESTED_TYPES
 from rollout_journal.journal.events import Record
 from rollout_journal.schemas import SchemaVersion
 
@@ -242,9 +241,10 @@ def _reader_source(cls: type, writer: SchemaVersion, reader: SchemaVersion, kept
     schema = json.loads(writer.schema_json)
     namespace = schema.get("namespace")
     gen.src.emit(1, f"p = {PREFIX_LEN}")
+    nested = {plan.name: plan.cls for plan in _PLANS[cls]}
     for f in schema["fields"]:
         if f["name"] in kept:
-            gen.read(f["type"], 1, namespace, f"k_{f['name']}", _NESTED_TYPES.get(f["name"]))
+            gen.read(f["type"], 1, namespace, f"k_{f['name']}", nested.get(f["name"]))
         else:
             gen.skip(f["type"], 1, namespace)
     gen.src.emit(1, "if p != len(d): raise ValueError(f'{len(d) - p} bytes left after the body')")
