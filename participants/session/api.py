@@ -398,7 +398,7 @@ class RolloutSession:
         if entry is not None:
             if isinstance(asked, StateRequest):
                 self._check_sampling(entry, asked)
-                prompt_ids = np.zeros(0, dtype=np.int32)  # the journal's (see StateRequest)
+                prompt_ids = _held_prompt(state.head_tokens, entry)  # the journal's (see StateRequest)
             else:
                 self._check_same(entry, MODEL, asked.summary(), lambda: self._first_model_difference(entry, asked))
                 prompt_ids = asked.prompt_ids
@@ -854,6 +854,20 @@ def _answer_of(
         new_tokens,
         event.header.ts_ms,
     )
+
+
+def _held_prompt(head: np.ndarray, entry: Effect) -> np.ndarray:
+    """A journaled call's whole prompt, a view of the head where the head still holds the call right
+    after its prompt (the common case: the call extends its parent, or started the head's sequence);
+    else empty (a later call of the conversation started a new sequence)."""
+    ids, start = entry.answer[0], entry.prompt_len
+    if (
+        entry.out_start == start
+        and start + len(ids) <= len(head)
+        and np.array_equal(head[start : start + len(ids)], ids)
+    ):
+        return head[:start]
+    return np.zeros(0, dtype=np.int32)
 
 
 def _describe(entry: Effect) -> str:

@@ -497,6 +497,7 @@ def test_a_state_request_is_built_only_live_and_checked_by_its_sampling_when_jou
 
     answer = asyncio.run(again(GREEDY))
     assert answer.replayed and answer.output_ids.tolist() == sampled.tolist()
+    assert answer.prompt_ids.tolist() == prompt(0).tolist()  # read back from the head, never built again
     hotter = SamplingParams(0.7, 1.0, 8, seed=3)
     with pytest.raises(NondeterminismError, match="sampling") as caught:
         asyncio.run(again(hotter))
