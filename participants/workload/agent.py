@@ -9,13 +9,15 @@ by the token-in-token-out rule (:mod:`rollout_journal.participants.model.chat`):
 previous prompt, the ids the model sampled (never decoded and encoded again), what the
 model's chat template adds to close that turn, and the tokenized new messages; each
 assistant message names the call it came from.
+
 The agent is a client of the session API (:mod:`rollout_journal.participants.session`), as any
 agent loop is: its model calls are the session's effects, so a redone turn's calls are answered
 from the journal by position (whatever it would sample now: a difference is logged), a call cut
-short continues from its durable
-prefix, and its progress marks are the session's. What the session does not do for it is its
-environment: an in-process environment's mutations are replayed into the rebuilt environment by
-restore (:mod:`~rollout_journal.participants.workload.restore`), not answered from the journal.
+short continues from its durable prefix, and its progress marks are the session's. What the
+session does not do for it is its environment: an in-process environment's mutations are
+replayed into the rebuilt environment by restore
+(:mod:`~rollout_journal.participants.workload.restore`), not answered from the journal.
+
 Two things are journaled earlier, on their own: the progress of a long free-form
 call (``ModelCallProgress`` every ``progress_every_tokens``, no sooner than
 ``progress_min_interval_ms`` after the last), and, with a backend
