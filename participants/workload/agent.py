@@ -277,7 +277,7 @@ class Agent:
         events = live.state.start_attempt(
             self.writer,
             resumed_from_turn=resumed_from_turn,
-            topology=self.config.topology(),
+            topology=self.topology,
             reason=reason,
             messages=self.initial_messages(live.env) if resumed_from_turn == 0 else (),
             override=override,
